@@ -1,0 +1,3 @@
+"""draftgate: exact, gated, lineage-tracked EAGLE-3 drafter training data."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from draftgate.cli import main
+
+sys.exit(main())

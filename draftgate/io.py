@@ -1,0 +1,63 @@
+"""Atomic outputs: write to a temp name beside the target, fsync, rename.
+
+A crash leaves either the old file or nothing, never a partial file that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | Path) -> Iterator[Path]:
+    """Yield a temp path in the target's directory; rename it over the target on success."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, target)
+        _fsync_dir(target.parent)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_text(target: str | Path, text: str) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(target: str | Path, obj: Any) -> None:
+    write_text(target, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def write_jsonl(target: str | Path, rows: Any) -> None:
+    with atomic_path(target) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+
+
+def write_parquet(target: str | Path, table: Any) -> None:
+    """Write a pyarrow Table atomically (zstd; row groups sized for DuckDB scans)."""
+    import pyarrow.parquet as pq
+
+    with atomic_path(target) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,95 @@
+"""The Arrow schema of every artifact. Stages write these; gates and audits read them.
+
+Column names are a contract (ARCHITECTURE.md): change them here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+
+@cache
+def prompts():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("prompt_id", pa.string()),     # sha256 of canonical messages + tools
+        ("dataset", pa.string()),       # the raw file's stem
+        ("messages", pa.string()),      # JSON text, OpenAI shape
+        ("tools", pa.string()),         # JSON text or null
+        ("split", pa.string()),         # train | heldout
+        ("source", pa.string()),        # file:line of the first occurrence
+        ("n_duplicates", pa.int32()),   # further occurrences collapsed into this row
+    ])
+
+
+@cache
+def rejects():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("source", pa.string()),        # file:line
+        ("reason", pa.string()),        # reason code
+        ("detail", pa.string()),        # what was wrong, and the fix
+        ("record", pa.string()),        # the raw line (truncated), for review
+    ])
+
+
+@cache
+def responses():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("prompt_id", pa.string()),
+        ("dataset", pa.string()),
+        ("request_hash", pa.string()),          # sha256 of every param that shapes the output
+        ("status", pa.string()),                # ok | failed
+        ("failure_reason", pa.string()),        # null when ok
+        ("generation_id", pa.string()),
+        ("provider", pa.string()),
+        ("model", pa.string()),
+        ("finish_reason", pa.string()),
+        ("native_finish_reason", pa.string()),
+        ("reasoning", pa.string()),
+        ("reasoning_details", pa.string()),     # JSON text exactly as received, or null
+        ("content", pa.string()),
+        ("tool_calls", pa.string()),            # JSON text exactly as received, or null
+        ("billed_prompt_tokens", pa.int64()),
+        ("billed_completion_tokens", pa.int64()),
+        ("billed_reasoning_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),
+        ("logprobs", pa.string()),              # JSON text or null
+        ("truth_ids", pa.list_(pa.int32())),    # only backends that return ids
+        ("attempts", pa.int32()),
+        ("latency_s", pa.float64()),
+    ])
+
+
+@cache
+def tokens():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("prompt_id", pa.string()),
+        ("dataset", pa.string()),
+        ("split", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),        # prompt + completion
+        ("prompt_len", pa.int32()),
+        ("completion_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),         # 1 on completion tokens
+        ("method", pa.string()),                    # truth | logprobs | text
+        ("match", pa.string()),                     # exact | bpe_only | semantic | unknown
+        ("first_diff", pa.int32()),                 # first differing completion position, or null
+        ("diff_context", pa.string()),              # JSON: both sides around first_diff
+        ("n_completion", pa.int32()),
+        ("billed_completion_tokens", pa.int64()),
+        ("billing_delta", pa.int64()),
+        ("finish_reason", pa.string()),
+        ("provider", pa.string()),
+        ("ends_with_eos", pa.bool_()),
+        ("think_balanced", pa.bool_()),
+        ("tool_markers_balanced", pa.bool_()),
+        ("special_in_text", pa.bool_()),            # a special id inside a text segment
+        ("normalisations", pa.string()),            # JSON list of what provider normalisation did
+        ("quarantine_reason", pa.string()),         # null when kept
+    ])
