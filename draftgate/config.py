@@ -33,7 +33,8 @@ class TokenizerParams:
 
 @dataclass(frozen=True)
 class TemplateParams:
-    name: Literal["chatml", "qwen3", "kimi_k2", "deepseek"] = "chatml"
+    # deepseek: no official chat template ships offline for the one DeepSeek tokenizer we have (V4).
+    name: Literal["chatml", "qwen3", "kimi_k2"] = "chatml"
     # Qwen3: enable_thinking; Kimi-K2.5: the generation prompt prefills <think>.
     thinking: bool = False
 
@@ -80,6 +81,15 @@ class GenerateParams:
     reasoning: dict[str, Any] | None = None
     price: PriceParams = field(default_factory=PriceParams)
     limit: int | None = None
+    # Merged last into every request body (any backend), e.g. {"tool_choice": "auto"}.
+    extra_body: dict[str, Any] | None = None
+    # Backoff: base doubling up to max, with jitter; a server's Retry-After is honoured up to the cap.
+    retry_base_s: float = 0.5
+    retry_max_s: float = 8.0
+    retry_after_cap_s: float = 60.0
+    # OpenRouter attribution headers (HTTP-Referer, X-Title).
+    http_referer: str | None = None
+    app_title: str = "draftgate"
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,10 @@ class PromptsGateParams:
 class ResponsesGateParams:
     max_length_rate: float = 0.5
     max_failed_rate: float = 0.02
+    # Providers whose rows must not appear (e.g. quantised deployments excluded for the run).
+    ignore_providers: list[str] = field(default_factory=list)
+    # Total cost_usd ceiling for the table; null = no ceiling (local backends cost nothing).
+    max_cost_usd: float | None = None
 
 
 @dataclass(frozen=True)
