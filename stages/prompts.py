@@ -1,0 +1,56 @@
+"""DVC stage `prompts`: raw prompt files -> prompts.parquet + rejects.parquet + metrics.
+
+python -m stages.prompts --params params.yaml --raw data/raw --out data/prompts --metrics metrics/prompts.json
+
+Exit 0 even with rejects (the prompts gate decides); exit 2 when the input cannot be used at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="stages.prompts", description=__doc__.splitlines()[0])
+    p.add_argument("--params", required=True, help="params.yaml (reads the prompts section)")
+    p.add_argument("--raw", required=True, help="directory of *.jsonl / *.parquet prompt files")
+    p.add_argument("--out", required=True, help="output directory for prompts.parquet and rejects.parquet")
+    p.add_argument("--metrics", required=True, help="metrics JSON to write")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from draftgate import prompts
+    from draftgate.config import ParamsError, load_params
+    from draftgate.io import write_parquet
+
+    try:
+        params = load_params(args.params).prompts
+        records = [r for path in prompts.raw_files(args.raw) for r in _read(prompts, path)]
+        result = prompts.ingest(records, params)
+    except (ParamsError, OSError, ValueError) as e:
+        print(f"stages.prompts: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    write_parquet(out / "rejects.parquet", prompts.rejects_table(result))
+    write_parquet(out / "prompts.parquet", prompts.prompts_table(result))
+    metrics = prompts.stage_metrics(result, params)
+    metrics.write(args.metrics)
+    print(f"prompts: {metrics.rows_in} records -> {metrics.rows_out} prompts "
+          f"({len(result.rejects)} rejected, {result.n_duplicates} duplicates, "
+          f"{metrics.figures['split']['heldout']} heldout)")
+    return 0
+
+
+def _read(prompts, path: Path) -> list:
+    try:
+        return list(prompts.read_raw(path))
+    except Exception as e:  # pyarrow raises its own types (ArrowInvalid, ...) for a corrupt Parquet file
+        raise OSError(f"{path}: cannot be read ({type(e).__name__}: {e}); fix or remove the file") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from draftgate import schema
+from stages.prompts import main
+
+REPO = Path(__file__).resolve().parents[1]
+USER = {"role": "user", "content": "Name a prime number."}
+
+
+def write_lines(path: Path, rows) -> None:
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows))
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "params.yaml").write_text("prompts:\n  heldout_fraction: 0.25\n  split_seed: 3\n")
+    return tmp_path
+
+
+def run(workdir, raw=None):
+    return main(["--params", str(workdir / "params.yaml"), "--raw", str(raw or workdir / "raw"),
+                 "--out", str(workdir / "out"), "--metrics", str(workdir / "metrics" / "prompts.json")])
+
+
+def test_the_stage_writes_prompts_rejects_and_metrics_with_exact_schemas(workdir):
+    write_lines(workdir / "raw" / "chat.jsonl", [{"messages": [USER]}, b"{oops", {"messages": [USER]}])
+    pq.write_table(pa.table({"conversations": [[{"from": "human", "value": "Say hi."}], [{"from": "bot", "value": "x"}]]}),
+                   workdir / "raw" / "more.parquet")
+    assert run(workdir) == 0
+    prompts = pq.read_table(workdir / "out" / "prompts.parquet")
+    rejects = pq.read_table(workdir / "out" / "rejects.parquet")
+    assert prompts.schema == schema.prompts() and rejects.schema == schema.rejects()
+    assert prompts.column("dataset").to_pylist() == ["chat", "more"]
+    assert prompts.column("n_duplicates").to_pylist() == [1, 0]
+    assert sorted(zip(rejects.column("source").to_pylist(), rejects.column("reason").to_pylist())) == [
+        ("chat.jsonl:2", "invalid_json"), ("more.parquet:row 1", "unknown_role")]
+    metrics = json.loads((workdir / "metrics" / "prompts.json").read_text())
+    assert (metrics["rows_in"], metrics["rows_out"], metrics["dropped"]) == (5, 2, 3)
+    assert metrics["params"] == {"heldout_fraction": 0.25, "split_seed": 3, "max_prompts": None}
+    assert not list((workdir / "out").glob(".*.tmp"))
+
+
+def test_the_stage_exits_zero_when_every_record_is_rejected(workdir):
+    write_lines(workdir / "raw" / "bad.jsonl", [b"[]", {"messages": []}])
+    assert run(workdir) == 0
+    assert pq.read_table(workdir / "out" / "prompts.parquet").num_rows == 0
+    assert pq.read_table(workdir / "out" / "rejects.parquet").num_rows == 2
+
+
+def test_the_stage_exits_two_naming_the_problem_on_unusable_input(workdir, capsys):
+    assert run(workdir) == 2
+    assert "no *.jsonl or *.parquet files" in capsys.readouterr().err
+    assert run(workdir, raw=workdir / "missing") == 2
+    assert "not a directory" in capsys.readouterr().err
+    (workdir / "raw" / "broken.parquet").write_bytes(b"PAR1 not really")
+    assert run(workdir) == 2
+    assert "broken.parquet: cannot be read" in capsys.readouterr().err
+    assert not (workdir / "out").exists()
+
+
+def test_a_params_typo_exits_two_naming_the_key(workdir, capsys):
+    write_lines(workdir / "raw" / "chat.jsonl", [{"messages": [USER]}])
+    (workdir / "params.yaml").write_text("prompts:\n  heldout_fraktion: 0.1\n")
+    assert run(workdir) == 2
+    assert "prompts.heldout_fraktion: unknown key" in capsys.readouterr().err
+
+
+def test_the_module_runs_as_a_script_with_exit_codes(workdir):
+    write_lines(workdir / "raw" / "chat.jsonl", [{"messages": [USER]}])
+    cmd = [sys.executable, "-m", "stages.prompts", "--params", str(workdir / "params.yaml"), "--raw", str(workdir / "raw"),
+           "--out", str(workdir / "out"), "--metrics", str(workdir / "m.json")]
+    ok = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert ok.returncode == 0 and "1 records -> 1 prompts" in ok.stdout
+    cmd[cmd.index("--raw") + 1] = str(workdir / "nowhere")
+    assert subprocess.run(cmd, cwd=REPO, capture_output=True, text=True).returncode == 2
+
+
+def test_the_bundled_prompt_sets_ingest_with_zero_rejects(workdir):
+    assert run(workdir, raw=REPO / "data" / "raw") == 0
+    prompts = pq.read_table(workdir / "out" / "prompts.parquet").to_pylist()
+    metrics = json.loads((workdir / "metrics" / "prompts.json").read_text())
+    assert metrics["n_rejects"] == 0 and metrics["n_duplicates"] == 2
+    assert {d: v["out"] for d, v in metrics["datasets"].items()} == {"chat": 60, "code": 58, "tools": 30}
+    assert all(p["tools"] for p in prompts if p["dataset"] == "tools")
+    with_tool_turns = [p for p in prompts if '"role":"tool"' in p["messages"]]
+    assert len(with_tool_turns) >= 8
+    assert 0.03 <= metrics["heldout_fraction"] <= 0.25
+
+
+def test_the_prompts_suite_passes_the_bundled_sets_and_fails_a_reject_over_the_threshold(workdir, tmp_path):
+    from draftgate import gates
+
+    (workdir / "params.yaml").write_text("prompts:\n  heldout_fraction: 0.1\n")
+    raw = tmp_path / "bundle"
+    raw.mkdir()
+    for f in (REPO / "data" / "raw").glob("*.jsonl"):
+        (raw / f.name).write_bytes(f.read_bytes())
+    assert run(workdir, raw=raw) == 0
+    out = workdir / "out"
+    args = [str(REPO / "expectations" / "prompts.json"), str(out / "prompts.parquet"),
+            "--input", f"rejects={out / 'rejects.parquet'}", "--params", str(workdir / "params.yaml"), "--no-docs",
+            "--result", str(tmp_path / "gate.json")]
+    assert gates.main(args) == 0
+    with open(raw / "chat.jsonl", "a") as f:
+        f.write('{"messages": [{"role": "narrator", "content": "hi"}]}\n')
+    (workdir / "params.yaml").write_text("prompts:\n  heldout_fraction: 0.1\ngates:\n  prompts:\n    max_rejects_rate: 0.0\n")
+    assert run(workdir, raw=raw) == 0
+    assert gates.main(args) == 1
+    failed = [e for e in json.loads((tmp_path / "gate.json").read_text())["expectations"] if not e["success"]]
+    assert [(e["kwargs"].get("column"), e["observed_value"]) for e in failed] == [("rejects_rate", pytest.approx(1 / 151))]
