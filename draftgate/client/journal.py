@@ -1,0 +1,149 @@
+"""The responses journal: one JSON line per finished request, durable before anything else happens.
+
+Writes are group commits: lines finished in the same instant are written together, fsynced once,
+and only then do their waiters continue (stats, progress, budget). A `kill -9` therefore loses at
+most the requests still in flight. A torn last line (a crash mid-write) is detected on the next
+open: it is counted, terminated with a newline so the next append cannot glue onto it, and ignored.
+
+Resume policy: a prompt is done when the journal holds, under its current request hash, an `ok`
+line or a `failed` line of kind `permanent` (400/403: the same request would fail again). Failures
+of kind `exhausted` (retryable causes that ran out of attempts) and `stopped` (the run stopped:
+401, credits, budget) are tried again on the next run.
+
+Table rule: per prompt, among lines with its current request hash, the last `ok` line wins, else
+the last `failed` line: deterministic, and never two rows for one prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+@dataclass
+class JournalScan:
+    records: list[dict[str, Any]] = field(default_factory=list)
+    torn_tail: bool = False                              # last line had no newline
+    bad_lines: list[int] = field(default_factory=list)   # 1-based line numbers that did not parse
+
+
+def read_journal(path: str | Path) -> JournalScan:
+    scan = JournalScan()
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return scan
+    *lines, tail = data.split(b"\n")
+    for n, line in enumerate(lines, start=1):
+        rec = _parse(line) if line else None
+        if rec is not None:
+            scan.records.append(rec)
+        elif line:
+            scan.bad_lines.append(n)   # e.g. a torn fragment of an earlier crash, terminated since
+    if tail:
+        rec = _parse(tail)   # a torn tail that parses lost only its newline: a whole record
+        if rec is not None:
+            scan.records.append(rec)
+        else:
+            scan.torn_tail = True
+    return scan
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("prompt_id"), str) or rec.get("status") not in ("ok", "failed"):
+        return None
+    return rec
+
+
+def latest(records: list[dict[str, Any]], hashes: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """prompt_id -> the line that represents it (last ok, else last failed), current hash only."""
+    ok: dict[str, dict[str, Any]] = {}
+    failed: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        pid = rec["prompt_id"]
+        if hashes.get(pid) != rec.get("request_hash"):
+            continue
+        (ok if rec["status"] == "ok" else failed)[pid] = rec
+    return {**failed, **ok}
+
+
+def is_done(rec: dict[str, Any]) -> bool:
+    return rec["status"] == "ok" or rec.get("failure_kind") == "permanent"
+
+
+class Journal:
+    """Append-only, group-committed, fsynced. Use as `async with Journal(path) as j`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._pending: list[tuple[bytes, asyncio.Future]] = []
+        self._writer: asyncio.Task | None = None
+        self.lines = 0
+        self.commits = 0
+
+    async def __aenter__(self) -> "Journal":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(self._fd).st_size
+        if size:
+            with open(self.path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    _write_all(self._fd, b"\n")   # isolate the torn fragment; read_journal counts it
+                    os.fsync(self._fd)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        while self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    async def append(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((line, fut))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._commit_loop())
+        await fut
+
+    async def _commit_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                # In a thread: the event loop keeps serving sockets while the disk syncs, and what
+                # finishes meanwhile joins the next commit.
+                await loop.run_in_executor(None, self._commit, b"".join(line for line, _ in batch))
+            except Exception as e:   # every waiter must hear of it, or its worker waits forever
+                err = OSError(f"{self.path}: journal write failed ({type(e).__name__}: {e}); fix the cause "
+                              "(disk full? permissions?) and rerun: finished lines are kept, the rest is retried")
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(err)
+                continue
+            self.lines += len(batch)
+            self.commits += 1
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _commit(self, data: bytes) -> None:
+        assert self._fd is not None, "Journal used outside `async with`"
+        _write_all(self._fd, data)
+        os.fsync(self._fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

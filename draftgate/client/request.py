@@ -1,0 +1,80 @@
+"""Prompt rows -> request bodies, and the request hash that says which params shaped an answer.
+
+`request_hash` covers every field that shapes the output (model, messages, tools, sampling,
+max_tokens, provider routing, reasoning, seed, extra_body, backend) and nothing that does not
+(the key, the URL/port, concurrency, retries). A journal line whose hash differs from the current
+one was produced under other params and is ignored on resume, so changing a param regenerates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from draftgate.config import GenerateParams
+
+# Not output-shaping: asking for usage accounting / token ids changes what comes back around the
+# answer, not the answer itself.
+_NOT_SHAPING = ("stream", "usage", "return_token_ids")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    dataset: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    chars: int   # characters of messages + tools JSON: the budget's prompt-size estimate
+
+
+def prompt_from_row(row: dict[str, Any], where: str) -> Prompt:
+    try:
+        messages = json.loads(row["messages"])
+        tools = json.loads(row["tools"]) if row.get("tools") else None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: prompt {row.get('prompt_id')!r}: messages/tools are not JSON ({e}); "
+                         "re-run the prompts stage") from None
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: prompt {row.get('prompt_id')!r}: messages must be a non-empty list")
+    return Prompt(row["prompt_id"], row.get("dataset") or "", messages, tools,
+                  len(row["messages"]) + len(row.get("tools") or ""))
+
+
+def build_body(prompt: Prompt, p: GenerateParams) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": p.model, "messages": prompt.messages, "stream": False,
+                            "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
+    if prompt.tools:
+        body["tools"] = prompt.tools
+    if p.seed is not None:
+        body["seed"] = p.seed
+    if p.logprobs:
+        body["logprobs"] = True
+        if p.top_logprobs:
+            body["top_logprobs"] = p.top_logprobs
+    if p.backend == "openrouter":
+        if p.provider is not None:
+            body["provider"] = p.provider
+        if p.reasoning is not None:
+            body["reasoning"] = p.reasoning
+        body["usage"] = {"include": True}
+    if p.backend == "local":
+        body["return_token_ids"] = True
+    if p.extra_body:
+        body.update(p.extra_body)
+    return body
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_hash(body: dict[str, Any], backend: str) -> str:
+    shaping = {k: v for k, v in body.items() if k not in _NOT_SHAPING}
+    shaping["backend"] = backend
+    return hashlib.sha256(canonical(shaping).encode()).hexdigest()
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()

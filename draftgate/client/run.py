@@ -1,0 +1,315 @@
+"""The orchestrator: prompts -> requests in flight -> journal lines, with retries, budget and resume.
+
+`concurrency` workers each take the next prompt, reserve its worst-case cost, run its attempts
+(backoff holds the worker's slot, so in-flight plus waiting never exceeds `concurrency`), append
+the finished line to the journal (fsynced), and only then update budget, stats and progress.
+
+A run stops scheduling when the budget cannot cover the next request even with nothing in flight,
+or when an answer says the whole run is doomed (401, credits 402, budget 403). In-flight requests
+then finish without further retries. Prompts never sent are not journaled (no request happened);
+the table lists them as failed with reason `unsent_<stop reason>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from draftgate.client.budget import Budget, cost_of
+from draftgate.client.http import ChatClient
+from draftgate.client.journal import Journal, is_done, latest, read_journal
+from draftgate.client.progress import Progress
+from draftgate.client.request import Prompt, build_body, encode_body, request_hash
+from draftgate.client.response import BadBody, Completion, parse_completion
+from draftgate.client.retry import PauseGate, Policy, Verdict, classify_exception, classify_status
+from draftgate.config import GenerateParams
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str
+    api_key: str | None = field(default=None, repr=False)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    total: int = 0                 # prompts in scope (after `limit`)
+    skipped: int = 0               # already done in the journal (resume)
+    sent: int = 0                  # prompts whose requests were started this run
+    attempts: int = 0              # HTTP requests made (first tries and retries)
+    ok: int = 0
+    failed: int = 0
+    unsent: int = 0
+    stop_reason: str | None = None
+    stop_detail: str = ""
+    retries: Counter = field(default_factory=Counter)     # cause -> retried attempts
+    failures: Counter = field(default_factory=Counter)    # final cause -> prompts
+    providers: Counter = field(default_factory=Counter)
+    finish_reasons: Counter = field(default_factory=Counter)
+    spent_usd: float = 0.0
+    wasted_usd: float = 0.0        # billed attempts that were retried anyway
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+    pauses_429: int = 0
+    journal_torn_tail: bool = False
+    journal_bad_lines: int = 0
+    journal_commits: int = 0
+    hashes: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.stop_reason in (None, "budget") else 1
+
+    def figures(self) -> dict[str, Any]:
+        dt = max(self.elapsed_s, 1e-9)
+        return {
+            "prompts_in_scope": self.total, "skipped_done": self.skipped, "sent": self.sent,
+            "ok": self.ok, "failed": self.failed, "unsent": self.unsent,
+            "stop_reason": self.stop_reason, "stop_detail": self.stop_detail,
+            "spent_usd": round(self.spent_usd, 6), "wasted_usd": round(self.wasted_usd, 6),
+            "providers": dict(sorted(self.providers.items())),
+            "finish_reasons": dict(sorted(self.finish_reasons.items())),
+            # Always reported, even at 0: "0 truncated" must be a measurement, not a default.
+            "truncated_length": self.finish_reasons.get("length", 0),
+            "retries_by_cause": dict(sorted(self.retries.items())),
+            "failures_by_reason": dict(sorted(self.failures.items())),
+            "billed_prompt_tokens": self.prompt_tokens, "billed_completion_tokens": self.completion_tokens,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "http_requests": self.attempts,
+            "requests_per_s": round(self.sent / dt, 2),   # prompts finished per second
+            "http_requests_per_s": round(self.attempts / dt, 2),
+            "completion_tokens_per_s": round(self.completion_tokens / dt, 1),
+            "pauses_429": self.pauses_429,
+            "journal_torn_tail": self.journal_torn_tail, "journal_bad_lines": self.journal_bad_lines,
+            "journal_commits": self.journal_commits,
+        }
+
+
+def select(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
+    """The prompts in scope: the first `limit` in table order (deterministic)."""
+    return prompts if limit is None else prompts[:limit]
+
+
+def current_hashes(prompts: list[Prompt], params: GenerateParams) -> dict[str, str]:
+    return {p.prompt_id: request_hash(build_body(p, params), params.backend) for p in prompts}
+
+
+def run(prompts: list[Prompt], params: GenerateParams, target: Target, journal_path: str | Path,
+        policy: Policy | None = None, progress: bool = True, seed: int = 0) -> RunResult:
+    return asyncio.run(run_async(prompts, params, target, journal_path, policy, progress, seed))
+
+
+async def run_async(prompts: list[Prompt], params: GenerateParams, target: Target,
+                    journal_path: str | Path, policy: Policy | None = None, progress: bool = True,
+                    seed: int = 0) -> RunResult:
+    prompts = select(prompts, params.limit)
+    result = RunResult(total=len(prompts), hashes=current_hashes(prompts, params))
+    scan = read_journal(journal_path)
+    result.journal_torn_tail, result.journal_bad_lines = scan.torn_tail, len(scan.bad_lines)
+    if scan.torn_tail or scan.bad_lines:
+        print(f"generate: {journal_path}: ignoring {int(scan.torn_tail)} torn last line and "
+              f"{len(scan.bad_lines)} unreadable lines (a crash mid-write); those prompts are redone",
+              file=sys.stderr)
+    done = {pid for pid, rec in latest(scan.records, result.hashes).items() if is_done(rec)}
+    todo = [p for p in prompts if p.prompt_id not in done]
+    result.skipped = len(prompts) - len(todo)
+    if not todo:
+        return result
+    if policy is None:
+        policy = Policy(params.retry_base_s, params.retry_max_s, params.retry_after_cap_s)
+    runner = _Runner(params, target, policy, result, seed,
+                     Progress(len(todo)) if progress else None)
+    async with Journal(journal_path) as journal:
+        await runner.run(todo, journal)
+        result.journal_commits = journal.commits
+    return result
+
+
+class _Runner:
+    def __init__(self, params: GenerateParams, target: Target, policy: Policy, result: RunResult,
+                 seed: int, progress: Progress | None):
+        self.p = params
+        self.target = target
+        self.policy = policy
+        self.r = result
+        self.rng = random.Random(seed)
+        self.progress = progress
+        self.pause = PauseGate(policy)
+        self.budget = Budget(params.budget_usd, params.price, params.max_tokens)
+        self.settled = asyncio.Condition()
+        self.in_flight = 0
+        self.client: ChatClient | None = None
+        self.journal: Journal | None = None
+
+    async def run(self, todo: list[Prompt], journal: Journal) -> None:
+        self.journal = journal
+        self.client = ChatClient(self.target.base_url, self.target.api_key, self.p.concurrency,
+                                 self.target.headers)
+        it = iter(todo)
+        t0 = time.monotonic()
+        if self.progress:
+            self.progress.start()
+        # Thousands of live coroutines make default-threshold gen-0 collections frequent and
+        # wide; a larger threshold for the run cut client CPU per request ~20% (bench/client.py).
+        gc_threshold = gc.get_threshold()
+        gc.set_threshold(max(gc_threshold[0], 20_000), *gc_threshold[1:])
+        try:
+            workers = [asyncio.create_task(self._worker(it)) for _ in range(min(self.p.concurrency, len(todo)))]
+            try:
+                await asyncio.gather(*workers)
+            except BaseException:
+                for w in workers:
+                    w.cancel()
+                raise
+        finally:
+            gc.set_threshold(*gc_threshold)
+            await self.client.aclose()
+            self.r.elapsed_s = time.monotonic() - t0
+            self.r.spent_usd = self.budget.spent
+            self.r.pauses_429 = self.pause.pauses
+            if self.progress:
+                self.progress.close()
+        self.r.unsent = self.r.total - self.r.skipped - self.r.sent
+
+    def stop(self, reason: str, detail: str) -> None:
+        if self.r.stop_reason is None:
+            self.r.stop_reason, self.r.stop_detail = reason, detail
+            print(f"\ngenerate: stopping the run ({reason}): {detail}", file=sys.stderr)
+
+    async def _worker(self, it: Iterator[Prompt]) -> None:
+        while self.r.stop_reason is None:
+            prompt = next(it, None)
+            if prompt is None:
+                return
+            worst = self.budget.worst_case(prompt)
+            if not self.budget.fits(worst) and not await self._wait_for_budget(worst):
+                self.stop("budget", f"spent ${self.budget.spent:.4f} of ${self.budget.limit_usd}; the next "
+                                    f"request's worst case ${worst:.6f} does not fit; raise generate.budget_usd "
+                                    "and rerun (finished prompts are kept)")
+                return
+            self.budget.reserve(worst)
+            self.in_flight += 1
+            self.r.sent += 1
+            try:
+                record, cost = await self._request(prompt)
+                await self.journal.append(record)   # durable before anything else happens with it
+            finally:
+                self.in_flight -= 1
+                self.budget.settle(worst, 0.0)
+            self._account(record, cost)
+
+    async def _wait_for_budget(self, worst: float) -> bool:
+        async with self.settled:
+            await self.settled.wait_for(
+                lambda: self.budget.fits(worst) or self.in_flight == 0 or self.r.stop_reason is not None)
+        return self.budget.fits(worst) and self.r.stop_reason is None
+
+    def _account(self, rec: dict[str, Any], cost: float) -> None:
+        r = self.r
+        self.budget.spent += cost
+        r.spent_usd = self.budget.spent
+        usage = rec.get("usage") or {}
+        if rec["status"] == "ok":
+            r.ok += 1
+            r.providers[rec.get("provider") or "unknown"] += 1
+            r.finish_reasons[rec.get("finish_reason") or "none"] += 1
+            r.prompt_tokens += usage.get("prompt_tokens") or 0
+            r.completion_tokens += usage.get("completion_tokens") or 0
+        else:
+            r.failed += 1
+            r.failures[rec["failure_reason"]] += 1
+        r.wasted_usd += rec.get("wasted_cost_usd") or 0.0
+        r.attempts += rec.get("attempts") or 0
+        if self.progress:
+            self.progress.finished(rec["status"] == "ok", usage.get("completion_tokens") or 0, self.budget.spent)
+        if self.budget.limit_usd > 0:
+            asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
+        async with self.settled:
+            self.settled.notify_all()
+
+    async def _request(self, prompt: Prompt) -> tuple[dict[str, Any], float]:
+        """All attempts for one prompt -> (journal record, total cost billed)."""
+        body = encode_body(build_body(prompt, self.p))
+        base = {"prompt_id": prompt.prompt_id, "request_hash": self.r.hashes[prompt.prompt_id]}
+        causes: list[str] = []
+        spent = 0.0
+        t_start = time.monotonic()
+        verdict: Verdict | None = None
+        attempt = 0
+        for attempt in range(1, self.p.max_attempts + 1):
+            await self.pause.wait()
+            # After a budget stop in-flight prompts still finish (their worst case is reserved);
+            # after a 401/credits stop nothing more is sent.
+            if self.r.stop_reason not in (None, "budget"):
+                return self._failed(base, "stopped", f"stopped_{self.r.stop_reason}", verdict, causes,
+                                    attempt - 1, t_start, spent), spent
+            t = time.monotonic()
+            verdict, comp, cost = await self._attempt(body)
+            spent += cost
+            if comp is not None:
+                return self._ok(base, comp, causes, attempt, time.monotonic() - t, t_start,
+                                spent - cost, cost), spent
+            causes.append(verdict.cause)
+            if verdict.kind == "stop":
+                self.stop(verdict.cause, verdict.detail)
+                return self._failed(base, "stopped", verdict.cause, verdict, causes, attempt, t_start, spent), spent
+            if verdict.kind == "final":
+                return self._failed(base, "permanent", verdict.cause, verdict, causes, attempt, t_start, spent), spent
+            if attempt == self.p.max_attempts:
+                break
+            self.r.retries[verdict.cause] += 1
+            if self.progress:
+                self.progress.error(verdict.cause)
+            if verdict.cause == "http_429":
+                self.pause.note_429(verdict.wait_s, attempt, self.rng)
+            await asyncio.sleep(self.policy.backoff_s(attempt, self.rng, verdict.wait_s))
+        return self._failed(base, "exhausted", verdict.cause, verdict, causes, attempt, t_start, spent), spent
+
+    async def _attempt(self, body: bytes) -> tuple[Verdict | None, Completion | None, float]:
+        try:
+            async with asyncio.timeout(self.p.timeout_s):
+                resp = await self.client.post(body)
+        except Exception as e:   # classify_exception re-raises anything that is not transport/timeout
+            return classify_exception(e), None, 0.0
+        verdict = classify_status(resp.status_code, resp.headers, resp.content)
+        if verdict is not None:
+            return verdict, None, 0.0
+        try:
+            comp = parse_completion(resp.content)
+        except BadBody as b:
+            return Verdict("retry", b.cause, b.detail), None, cost_of(b.usage, self.p.price)
+        if comp.generation_id is None and resp.headers.get("x-generation-id"):
+            comp = replace(comp, generation_id=resp.headers["x-generation-id"])
+        return None, comp, cost_of(comp.usage, self.p.price)
+
+    @staticmethod
+    def _ok(base: dict, c: Completion, causes: list[str], attempts: int, latency: float, t_start: float,
+            wasted: float, cost: float) -> dict[str, Any]:
+        return {**base, "status": "ok", "failure_reason": None, "failure_kind": None,
+                "generation_id": c.generation_id, "provider": c.provider, "model": c.model,
+                "finish_reason": c.finish_reason, "native_finish_reason": c.native_finish_reason,
+                "reasoning": c.reasoning, "reasoning_details": c.reasoning_details, "content": c.content,
+                "tool_calls": c.tool_calls, "usage": c.usage, "cost_usd": cost, "logprobs": c.logprobs,
+                "token_ids": c.token_ids, "prompt_token_ids": c.prompt_token_ids, "attempts": attempts,
+                "retry_causes": causes, "latency_s": round(latency, 4),
+                "elapsed_s": round(time.monotonic() - t_start, 4), "wasted_cost_usd": wasted,
+                "finished_at": round(time.time(), 3)}
+
+    @staticmethod
+    def _failed(base: dict, kind: str, reason: str, v: Verdict | None, causes: list[str], attempts: int,
+                t_start: float, spent: float) -> dict[str, Any]:
+        return {**base, "status": "failed", "failure_reason": reason, "failure_kind": kind,
+                "detail": v.detail[:500] if v else "", "attempts": attempts, "retry_causes": causes,
+                "elapsed_s": round(time.monotonic() - t_start, 4), "wasted_cost_usd": spent,
+                "finished_at": round(time.time(), 3)}

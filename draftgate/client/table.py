@@ -1,0 +1,70 @@
+"""prompts.parquet -> Prompt records; journal lines -> `responses.parquet` (schema `draftgate.schema.responses()`, exactly).
+
+One row per prompt in scope, in prompt-table order: the journal's representative line (last ok,
+else last failed, current request hash only), or, for a prompt no request was made for, a failed
+row with reason `unsent_<why>` and 0 attempts, so nothing in scope disappears silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftgate.client.journal import latest
+from draftgate.client.request import Prompt
+
+
+def responses_table(prompts: list[Prompt], hashes: dict[str, str], records: list[dict[str, Any]],
+                    stop_reason: str | None = None) -> Any:
+    import pyarrow as pa
+
+    from draftgate import schema
+
+    chosen = latest(records, hashes)
+    rows = []
+    for p in prompts:
+        rec = chosen.get(p.prompt_id)
+        rows.append(_row(p, hashes[p.prompt_id], rec) if rec else _unsent(p, hashes[p.prompt_id], stop_reason))
+    return pa.Table.from_pylist(rows, schema=schema.responses())
+
+
+def _row(p: Prompt, rhash: str, rec: dict[str, Any]) -> dict[str, Any]:
+    usage = rec.get("usage") or {}
+    details = usage.get("completion_tokens_details") or {}
+    ok = rec["status"] == "ok"
+    return {
+        "prompt_id": p.prompt_id, "dataset": p.dataset, "request_hash": rhash,
+        "status": rec["status"], "failure_reason": None if ok else rec.get("failure_reason"),
+        "generation_id": rec.get("generation_id"), "provider": rec.get("provider"), "model": rec.get("model"),
+        "finish_reason": rec.get("finish_reason"), "native_finish_reason": rec.get("native_finish_reason"),
+        "reasoning": rec.get("reasoning"), "reasoning_details": rec.get("reasoning_details"),
+        "content": rec.get("content"), "tool_calls": rec.get("tool_calls"),
+        "billed_prompt_tokens": _int(usage.get("prompt_tokens")),
+        "billed_completion_tokens": _int(usage.get("completion_tokens")),
+        "billed_reasoning_tokens": _int(details.get("reasoning_tokens")),
+        "cost_usd": rec.get("cost_usd") if ok else rec.get("wasted_cost_usd"),
+        "logprobs": rec.get("logprobs"), "truth_ids": rec.get("token_ids"),
+        "attempts": rec.get("attempts"), "latency_s": rec.get("latency_s"),
+    }
+
+
+def _unsent(p: Prompt, rhash: str, stop_reason: str | None) -> dict[str, Any]:
+    return {"prompt_id": p.prompt_id, "dataset": p.dataset, "request_hash": rhash, "status": "failed",
+            "failure_reason": f"unsent_{stop_reason}" if stop_reason else "unsent", "attempts": 0,
+            "cost_usd": 0.0}
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def read_prompts(path: str) -> list[Prompt]:
+    """prompts.parquet -> Prompt records, in table order."""
+    import pyarrow.parquet as pq
+
+    from draftgate.client.request import prompt_from_row
+
+    try:
+        table = pq.read_table(path, columns=["prompt_id", "dataset", "messages", "tools"])
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: not found; run the prompts stage first (dvc repro prompts)") from None
+    return [prompt_from_row(row, f"{path}:row {i}") for i, row in enumerate(table.to_pylist())]

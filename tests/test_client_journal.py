@@ -1,0 +1,89 @@
+"""The journal: durable appends, torn-line tolerance, the resume rule and the one-row-per-prompt rule."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from draftgate.client.journal import Journal, is_done, latest, read_journal
+
+
+def line(pid: str, status: str = "ok", h: str = "h", **kw) -> dict:
+    return {"prompt_id": pid, "request_hash": h, "status": status, **kw}
+
+
+async def append_all(path, records):
+    async with Journal(path) as j:
+        await asyncio.gather(*(j.append(r) for r in records))
+        return j.commits
+
+
+def test_appends_are_grouped_into_few_fsynced_commits(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    commits = asyncio.run(append_all(path, [line(f"p{i}") for i in range(500)]))
+    scan = read_journal(path)
+    assert [r["prompt_id"] for r in scan.records] == [f"p{i}" for i in range(500)]
+    assert commits < 50   # 500 concurrent appends share commits instead of 500 fsyncs
+
+
+def test_a_torn_last_line_is_ignored_counted_and_isolated_from_the_next_append(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(json.dumps(line("a")).encode() + b"\n" + b'{"prompt_id": "b", "sta')
+    scan = read_journal(path)
+    assert scan.torn_tail and [r["prompt_id"] for r in scan.records] == ["a"]
+    asyncio.run(append_all(path, [line("c")]))
+    scan = read_journal(path)
+    assert not scan.torn_tail
+    assert scan.bad_lines == [2]                      # the old fragment, now on its own line
+    assert [r["prompt_id"] for r in scan.records] == ["a", "c"]
+
+
+def test_a_tail_that_lost_only_its_newline_is_a_whole_record(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(json.dumps(line("a")).encode())
+    scan = read_journal(path)
+    assert not scan.torn_tail and [r["prompt_id"] for r in scan.records] == ["a"]
+
+
+def test_last_ok_line_wins_else_last_failure_and_other_hashes_are_ignored():
+    records = [
+        line("a", "failed", failure_kind="exhausted", failure_reason="timeout"),
+        line("a", "ok", content="first"),
+        line("a", "ok", content="second"),
+        line("a", "failed", failure_kind="exhausted", failure_reason="http_503"),
+        line("b", "failed", failure_kind="exhausted", failure_reason="timeout"),
+        line("b", "failed", failure_kind="permanent", failure_reason="http_400"),
+        line("c", "ok", h="old-params"),
+    ]
+    chosen = latest(records, {"a": "h", "b": "h", "c": "h"})
+    assert chosen["a"]["content"] == "second"
+    assert chosen["b"]["failure_reason"] == "http_400"
+    assert "c" not in chosen
+
+
+def test_resume_skips_ok_and_permanent_failures_but_retries_exhausted_and_stopped():
+    assert is_done(line("a", "ok"))
+    assert is_done(line("a", "failed", failure_kind="permanent"))
+    assert not is_done(line("a", "failed", failure_kind="exhausted"))
+    assert not is_done(line("a", "failed", failure_kind="stopped"))
+
+
+def test_a_missing_journal_is_an_empty_one(tmp_path):
+    scan = read_journal(tmp_path / "none.jsonl")
+    assert scan.records == [] and not scan.torn_tail and scan.bad_lines == []
+
+
+def test_a_failed_write_reaches_every_waiter_with_the_path_and_the_fix(tmp_path):
+    path = tmp_path / "journal.jsonl"
+
+    async def go():
+        async with Journal(path) as j:
+            os.close(j._fd)          # the disk goes away under the writer
+            j._fd = os.open(os.devnull, os.O_RDONLY)
+            results = await asyncio.gather(*(j.append(line(f"p{i}")) for i in range(3)), return_exceptions=True)
+        return results
+
+    results = asyncio.run(go())
+    assert len(results) == 3 and all(isinstance(r, OSError) for r in results)
+    assert str(path) in str(results[0]) and "rerun" in str(results[0])

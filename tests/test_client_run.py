@@ -1,0 +1,166 @@
+"""The client against the scripted server over real loopback HTTP: faults, stops, budget, pause, quirks."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from draftgate.client import Target, responses_table, run
+from draftgate.client.journal import is_done, read_journal
+from draftgate.client.request import Prompt
+from draftgate.config import parse_params
+from draftgate.serve.scripted import QUIRKS, RETRYABLE_FAULTS, Script, running
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+ODD_CALLS = ('[ {"id" : "add:0","type":"function", "function":{"name":"add",'
+             '"arguments":"{ \\"b\\":2 ,\\"a\\" :  1}"}} ]')
+
+
+def prompts(n: int, tools=None) -> list[Prompt]:
+    return [Prompt(f"id{i:04d}", "tiny", [{"role": "user", "content": f"p{i:04d}"}], tools, 40) for i in range(n)]
+
+
+def gen(**kw):
+    base = {"backend": "openai", "model": "scripted-model", "concurrency": 16, "timeout_s": 0.5,
+            "retry_base_s": 0.005, "retry_max_s": 0.02, "retry_after_cap_s": 5.0}
+    return parse_params({"generate": {**base, **kw}}).generate
+
+
+def rows(table) -> dict[str, dict]:
+    return {r["prompt_id"]: r for r in table.to_pylist()}
+
+
+def test_fault_drill_every_prompt_ends_with_one_ok_row_or_one_final_failure(tmp_path):
+    ps = prompts(1200)
+    final = {"p0003": ("http_400",), "p0007": ("http_503", "http_403")}
+    script = Script(fault_rate=0.3, faults=RETRYABLE_FAULTS, seed=7, per_key=final, hang_s=2.0,
+                    retry_after_s=0.01)
+    journal = tmp_path / "journal.jsonl"
+    with running(script) as server:
+        result = run(ps, gen(concurrency=200, max_attempts=6), Target(server.base_url), journal, progress=False)
+        actions = server.actions()
+        assert result.attempts == len(server.log)
+    records = read_journal(journal).records
+    assert Counter(r["prompt_id"] for r in records) == Counter(p.prompt_id for p in ps)   # one line each
+    table = responses_table(ps, result.hashes, records, result.stop_reason)
+    assert table.num_rows == 1200 and len(set(table.column("prompt_id").to_pylist())) == 1200
+    by_id = rows(table)
+    assert by_id["id0003"]["failure_reason"] == "http_400" and by_id["id0003"]["attempts"] == 1
+    assert by_id["id0007"]["failure_reason"] == "http_403" and by_id["id0007"]["attempts"] == 2
+    assert result.ok + result.failed == 1200 and result.ok >= 1195
+    for r in table.to_pylist():
+        assert (r["status"], r["failure_reason"] is None) in (("ok", True), ("failed", False))
+    # Every injected fault is accounted for: retried, or the final cause of an exhausted prompt.
+    exhausted = Counter(r["failure_reason"] for r in records if r.get("failure_kind") == "exhausted")
+    for action in RETRYABLE_FAULTS:
+        cause = {"reset": "connection"}.get(action, action)
+        assert actions[action] > 5, action
+        assert result.retries[cause] + exhausted[cause] == actions[action], action
+    assert sum(actions[a] for a in RETRYABLE_FAULTS) / sum(actions.values()) > 0.25
+
+
+def test_tool_call_arguments_with_odd_spacing_survive_byte_exact_into_journal_and_table(tmp_path):
+    body = ('\n{"id":"gen-odd","provider":"Odd","model":"m","choices":[{"index":0,"finish_reason":"tool_calls",'
+            '"message":{"role":"assistant","content":null,"tool_calls":' + ODD_CALLS + '}}],'
+            '"usage":{"prompt_tokens":3,"completion_tokens":9}}')
+    ps = prompts(3, TOOLS)
+    script = Script(replies={"p0001": body}, per_key={"p0001": ("keepalive_ws",)})
+    with running(script) as server:
+        result = run(ps, gen(), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+    rec = next(r for r in read_journal(tmp_path / "j.jsonl").records if r["prompt_id"] == "id0001")
+    assert rec["tool_calls"] == ODD_CALLS
+    row = rows(responses_table(ps, result.hashes, [rec]))["id0001"]
+    assert row["tool_calls"] == ODD_CALLS
+    assert json.loads(row["tool_calls"])[0]["function"]["arguments"] == '{ "b":2 ,"a" :  1}'
+
+
+def test_budget_stops_scheduling_before_spend_plus_in_flight_worst_case_would_pass_it(tmp_path):
+    # Worst case per request: 100 completion tokens at $10/Mtok = $0.001 (prompt priced at 0).
+    gp = gen(concurrency=4, max_tokens=100, budget_usd=0.0105,
+             price={"prompt_usd_per_mtok": 0.0, "completion_usd_per_mtok": 10.0})
+    ps = prompts(50)
+    with running(Script(cost_usd=0.001, delay_s=(0.0, 0.02))) as server:
+        result = run(ps, gp, Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+        assert server.requests == 10
+    assert (result.stop_reason, result.exit_code) == ("budget", 0)
+    assert result.ok == 10 and result.unsent == 40
+    assert result.spent_usd == pytest.approx(0.010) and result.spent_usd <= 0.0105
+    table = responses_table(ps, result.hashes, read_journal(tmp_path / "j.jsonl").records, result.stop_reason)
+    assert Counter(table.column("failure_reason").to_pylist()) == {None: 10, "unsent_budget": 40}
+
+
+def test_a_401_stops_the_run_cleanly_and_a_rerun_with_the_right_key_finishes_it(tmp_path):
+    ps, journal = prompts(30), tmp_path / "j.jsonl"
+    with running(Script(api_key="sk-or-v1-right")) as server:
+        result = run(ps, gen(concurrency=4), Target(server.base_url, "sk-or-v1-wrong"), journal, progress=False)
+        assert (result.stop_reason, result.exit_code) == ("auth_401", 1)
+        assert server.requests <= 4            # never retried, nothing new scheduled
+        stopped = read_journal(journal).records
+        assert stopped and all(r["failure_kind"] == "stopped" and not is_done(r) for r in stopped)
+        again = run(ps, gen(concurrency=4), Target(server.base_url, "sk-or-v1-right"), journal, progress=False)
+    assert (again.stop_reason, again.ok, again.skipped) == (None, 30, 0)
+    table = responses_table(ps, again.hashes, read_journal(journal).records)
+    assert table.column("status").to_pylist() == ["ok"] * 30
+
+
+def test_a_credits_402_stops_the_run_but_an_in_flight_budget_402_is_retried_after_retry_after(tmp_path):
+    ps = prompts(20)
+    with running(Script(per_key={"p0005": ("http_402_credits",)})) as server:
+        result = run(ps, gen(concurrency=1), Target(server.base_url), tmp_path / "a.jsonl", progress=False)
+    assert (result.stop_reason, result.exit_code, result.ok) == ("credits_402", 1, 5)
+    assert result.unsent == 14
+    script = Script(per_key={"p0002": ("http_402_inflight", "http_402_inflight")}, retry_after_s=0.3)
+    with running(script) as server:
+        result = run(ps, gen(concurrency=4), Target(server.base_url), tmp_path / "b.jsonl", progress=False)
+        times = [a.t for a in server.log if a.key == "p0002"]
+    assert (result.stop_reason, result.ok, result.retries["http_402_inflight"]) == (None, 20, 2)
+    assert len(times) == 3 and all(b - a >= 0.29 for a, b in zip(times, times[1:]))
+
+
+def test_a_burst_of_429s_pauses_every_sender_for_the_retry_after(tmp_path):
+    # The first wave: 4 requests answered 429 (Retry-After 1 s) at once, 4 answered ok after 0.2 s.
+    # Without a global pause those 4 workers would send the next prompts at ~0.2 s.
+    per_key = {f"p{i:04d}": ("http_429",) for i in range(4)} | {f"p{i:04d}": ("slow",) for i in range(4, 8)}
+    with running(Script(per_key=per_key, retry_after_s=1.0, slow_s=0.2)) as server:
+        result = run(prompts(40), gen(concurrency=8), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+        log = list(server.log)
+    t0 = min(a.t for a in log)
+    first_wave = {f"p{i:04d}" for i in range(8)}
+    later = [a.t - t0 for a in log if a.key not in first_wave or a.attempt > 1]
+    assert min(later) >= 0.95
+    assert (result.ok, result.pauses_429, result.retries["http_429"]) == (40, 1, 4)
+
+
+def test_provider_quirks_are_recorded_as_received(tmp_path):
+    ps = prompts(2, TOOLS)
+    with running(Script(quirks=QUIRKS)) as server:
+        result = run(ps, gen(logprobs=True, top_logprobs=2), Target(server.base_url), tmp_path / "j.jsonl",
+                     progress=False)
+    row = rows(responses_table(ps, result.hashes, read_journal(tmp_path / "j.jsonl").records))["id0000"]
+    assert row["content"] == "<think>Thinking about p0000.</think>Answer to p0000."
+    assert row["reasoning"] is None and row["logprobs"] is None
+    assert json.loads(row["tool_calls"])[0]["id"] == "add:0"
+    assert row["model"] == "scripted-model-0127"
+
+
+def test_a_rerun_skips_finished_prompts_and_a_changed_param_regenerates_them(tmp_path):
+    ps, journal = prompts(20), tmp_path / "j.jsonl"
+    with running(Script()) as server:
+        first = run(ps, gen(), Target(server.base_url), journal, progress=False)
+        second = run(ps, gen(), Target(server.base_url), journal, progress=False)
+        assert server.requests == 20
+        third = run(ps, gen(temperature=0.2), Target(server.base_url), journal, progress=False)
+        assert server.requests == 40
+    assert (first.sent, second.sent, second.skipped, third.sent) == (20, 0, 20, 20)
+    table = responses_table(ps, third.hashes, read_journal(journal).records)
+    assert table.num_rows == 20 and set(table.column("request_hash").to_pylist()) == set(third.hashes.values())
+
+
+def test_local_backend_asks_for_token_ids_and_keeps_them_as_truth(tmp_path):
+    ps = prompts(2)
+    with running(Script()) as server:
+        result = run(ps, gen(backend="local"), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+    row = rows(responses_table(ps, result.hashes, read_journal(tmp_path / "j.jsonl").records))["id0001"]
+    assert row["truth_ids"] == list(b"Answer to p0001.") + [2]

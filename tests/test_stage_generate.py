@@ -1,0 +1,163 @@
+"""The generate stage end to end against the scripted server: crash/resume, secrets, stops, the gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from draftgate import schema
+from draftgate.client.journal import read_journal
+from draftgate.serve.scripted import RETRYABLE_FAULTS, Script, running
+from stages import generate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def workspace(tmp: Path, n: int, gate_ok: bool = True, **generate_params) -> dict[str, str]:
+    rows = [{"prompt_id": f"id{i:04d}", "dataset": "tiny", "split": "train", "source": f"tiny.jsonl:{i + 1}",
+             "messages": json.dumps([{"role": "user", "content": f"p{i:04d}"}]), "tools": None,
+             "n_duplicates": 0} for i in range(n)]
+    (tmp / "prompts").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema.prompts()), tmp / "prompts" / "prompts.parquet")
+    (tmp / "gate.json").write_text(json.dumps({"success": gate_ok}))
+    gp = {"backend": "openai", "model": "m", "concurrency": 16, "timeout_s": 0.5,
+          "retry_base_s": 0.005, "retry_max_s": 0.02, **generate_params}
+    (tmp / "params.yaml").write_text(yaml.safe_dump({"generate": gp}))
+    return {"params": str(tmp / "params.yaml"), "prompts": str(tmp / "prompts" / "prompts.parquet"),
+            "gate": str(tmp / "gate.json"), "out": str(tmp / "responses"), "metrics": str(tmp / "metrics.json")}
+
+
+def argv(paths: dict[str, str]) -> list[str]:
+    return [x for k in ("params", "prompts", "gate", "out", "metrics") for x in (f"--{k}", paths[k])]
+
+
+def test_sigkill_mid_run_then_rerun_loses_nothing_duplicates_nothing_and_tolerates_a_torn_line(tmp_path):
+    script = Script(fault_rate=0.1, faults=tuple(f for f in RETRYABLE_FAULTS if f != "timeout"),
+                    delay_s=(0.02, 0.08), retry_after_s=0.01)
+    with running(script) as server:
+        paths = workspace(tmp_path, 400, base_url=server.base_url)
+        journal = Path(paths["out"]) / "journal.jsonl"
+        proc = subprocess.Popen([sys.executable, "-m", "stages.generate", *argv(paths)], cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if journal.exists() and journal.read_bytes().count(b"\n") >= 80:
+                break
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        before = read_journal(journal).records
+        assert 80 <= len(before) < 400, "the kill must land mid-run"
+        with open(journal, "ab") as f:                # a crash mid-write leaves a partial line
+            f.write(b'{"prompt_id": "id0399", "status": "o')
+        assert generate.main(argv(paths)) == 0
+        answered = Counter(a.key for a in server.log if a.action in ("ok", "keepalive_ws", "slow"))
+    after = read_journal(journal)
+    ok_lines = Counter(r["prompt_id"] for r in after.records if r["status"] == "ok")
+    assert after.bad_lines and not after.torn_tail
+    assert after.records[:len(before)] == before       # nothing rewritten
+    table = pq.read_table(Path(paths["out"]) / "responses.parquet")
+    assert table.schema == schema.responses()
+    assert sorted(table.column("prompt_id").to_pylist()) == [f"id{i:04d}" for i in range(400)]
+    assert set(table.column("status").to_pylist()) == {"ok"}
+    assert max(ok_lines.values()) == 1                  # the rerun re-sent none that was journaled
+    resent = sum(1 for n in answered.values() if n > 1)
+    assert resent <= 16                                 # at most what was in flight at the kill
+    metrics = json.loads(Path(paths["metrics"]).read_text())
+    assert metrics["journal_torn_tail"] is True and metrics["skipped_done"] == len({r["prompt_id"] for r in before})
+
+
+def test_the_api_key_never_appears_in_any_file_or_log_the_run_wrote(tmp_path, monkeypatch, capfd):
+    key = "sk-or-v1-" + secrets.token_hex(32)
+    monkeypatch.setenv("DRAFTGATE_TEST_KEY", key)
+    with running(Script(api_key=key, fault_rate=0.3, hang_s=1.0, retry_after_s=0.01)) as server:
+        paths = workspace(tmp_path, 60, backend="openrouter", base_url=server.base_url,
+                          api_key_env="DRAFTGATE_TEST_KEY", http_referer="https://example.org")
+        assert generate.main(argv(paths)) == 0
+        assert all(a.action != "http_401" for a in server.log)   # the key was sent on every request
+    out, err = capfd.readouterr()
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) >= 5
+    for p in files:
+        assert key.encode() not in p.read_bytes(), p
+        assert key[-16:].encode() not in p.read_bytes(), p
+    assert key not in out + err
+
+
+def test_a_401_exits_non_zero_with_a_clear_message_and_writes_journal_table_and_metrics(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DRAFTGATE_TEST_KEY", "sk-or-v1-wrong")
+    with running(Script(api_key="sk-or-v1-right")) as server:
+        paths = workspace(tmp_path, 10, backend="openrouter", base_url=server.base_url,
+                          api_key_env="DRAFTGATE_TEST_KEY", concurrency=2)
+        assert generate.main(argv(paths)) == 1
+    assert "auth_401" in capsys.readouterr().err
+    metrics = json.loads(Path(paths["metrics"]).read_text())
+    assert metrics["stop_reason"] == "auth_401" and metrics["rows_out"] == 0
+    table = pq.read_table(Path(paths["out"]) / "responses.parquet")
+    assert Counter(table.column("failure_reason").to_pylist()) == {"auth_401": 2, "unsent_auth_401": 8}
+
+
+def test_refuses_to_run_when_the_prompts_gate_failed(tmp_path, capsys):
+    with running(Script()) as server:
+        paths = workspace(tmp_path, 3, gate_ok=False, base_url=server.base_url)
+        assert generate.main(argv(paths)) == 2
+        assert server.requests == 0
+    assert "prompts gate did not pass" in capsys.readouterr().err
+
+
+def test_openrouter_without_the_key_variable_names_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("DRAFTGATE_UNSET_KEY", raising=False)
+    paths = workspace(tmp_path, 3, backend="openrouter", api_key_env="DRAFTGATE_UNSET_KEY")
+    assert generate.main(argv(paths)) == 2
+    assert "DRAFTGATE_UNSET_KEY is not set" in capsys.readouterr().err
+
+
+def test_metrics_report_truncations_retries_providers_and_rates(tmp_path):
+    long = ('{"id":"g","provider":"Prov","model":"m","choices":[{"finish_reason":"length",'
+            '"message":{"content":"cut"}}],"usage":{"prompt_tokens":2,"completion_tokens":128,"cost":0.5}}')
+    script = Script(replies={"p0000": long, "p0001": long}, per_key={"p0002": ("http_503", "reset")},
+                    retry_after_s=0.01)
+    with running(script) as server:
+        paths = workspace(tmp_path, 5, base_url=server.base_url)
+        assert generate.main(argv(paths)) == 0
+    m = json.loads(Path(paths["metrics"]).read_text())
+    assert m["truncated_length"] == 2 and m["finish_reasons"] == {"length": 2, "stop": 3}
+    assert m["retries_by_cause"] == {"connection": 1, "http_503": 1}
+    assert m["providers"] == {"Prov": 2, "Scripted": 3}
+    assert m["spent_usd"] == pytest.approx(1.0 + 3 * 0.0001)
+    assert m["rows_in"] == m["rows_out"] == 5 and m["requests_per_s"] > 0
+    assert m["params"]["backend"] == "openai"
+
+
+def test_backend_local_starts_the_local_server_and_keeps_its_token_ids_as_truth(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    paths = workspace(tmp_path, 2, backend="local", model="smollm2-135m-instruct", max_tokens=6, concurrency=2,
+                      timeout_s=120.0)
+    assert generate.main(argv(paths)) == 0
+    rows = pq.read_table(Path(paths["out"]) / "responses.parquet").to_pylist()
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    for r in rows:
+        assert r["truth_ids"] and len(r["truth_ids"]) == r["billed_completion_tokens"] <= 6
+        assert r["content"] and r["provider"] == "local"
+
+
+def test_a_key_is_never_sent_over_plain_http_to_another_host(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DRAFTGATE_TEST_KEY", "sk-or-v1-secret")
+    paths = workspace(tmp_path, 1, backend="openrouter", base_url="http://203.0.113.9/v1",
+                      api_key_env="DRAFTGATE_TEST_KEY")
+    assert generate.main(argv(paths)) == 2
+    err = capsys.readouterr().err
+    assert "would travel unencrypted" in err and "sk-or-v1-secret" not in err
