@@ -60,6 +60,7 @@ def responses():
         ("cost_usd", pa.float64()),
         ("logprobs", pa.string()),              # JSON text or null
         ("truth_ids", pa.list_(pa.int32())),    # only backends that return ids
+        ("prompt_token_ids", pa.list_(pa.int32())),  # the prompt as the server tokenised it, or null
         ("attempts", pa.int32()),
         ("latency_s", pa.float64()),
     ])
@@ -84,6 +85,10 @@ def tokens():
         ("n_completion", pa.int32()),
         ("billed_completion_tokens", pa.int64()),
         ("billing_delta", pa.int64()),
+        # The provider's measured convention (counts_end | excludes_end: whether its billed count
+        # includes the final end token) and the row's delta under it (0 = agrees).
+        ("billing_convention", pa.string()),
+        ("billing_residual", pa.int64()),
         ("finish_reason", pa.string()),
         ("provider", pa.string()),
         ("ends_with_eos", pa.bool_()),

@@ -43,6 +43,7 @@ def _row(p: Prompt, rhash: str, rec: dict[str, Any]) -> dict[str, Any]:
         "billed_reasoning_tokens": _int(details.get("reasoning_tokens")),
         "cost_usd": rec.get("cost_usd") if ok else rec.get("wasted_cost_usd"),
         "logprobs": rec.get("logprobs"), "truth_ids": rec.get("token_ids"),
+        "prompt_token_ids": rec.get("prompt_token_ids"),
         "attempts": rec.get("attempts"), "latency_s": rec.get("latency_s"),
     }
 

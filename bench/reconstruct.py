@@ -1,0 +1,171 @@
+"""Benchmark: reconstructing 20,000 synthetic responses (real Qwen3 tokenizer) vs the baselines.
+
+    .venv/bin/python bench/reconstruct.py [--rows 20000] [--seed 0]
+
+- ours:           draftgate.reconstruct.table.reconstruct_table (normalise, render prompt and
+                  completion, one batched ordinary encode, prefix check, flags, billing, Arrow
+                  output): the stage's work minus disk I/O.
+- per-row loop:   the original approach: per row, the full string (reasoning, content, tool
+                  calls with the special tokens written as text) through `tok.hf.encode`.
+- encode_batch:   the same full strings through the Rust core's `encode_batch` in one call
+                  (the limit for an HF tokenizer), and its `encode_batch_fast`.
+- tiktoken:       the same strings through tiktoken's native `encode_ordinary_batch`.
+Targets: ours >= 3x the per-row loop and >= 0.7x encode_batch. Baselines run in the same
+process on the same rows, so the ratios hold on a busy machine even when absolute times drift.
+Also checks correctness: our completion ids equal the full-string encode on every row whose text
+holds no literal special-token string. Prints a table; writes bench/results/reconstruct.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def corpus_lines(limit: int = 400_000) -> list[str]:
+    # Real text of mixed kinds (code, docstrings, comments, prose in strings): the stdlib.
+    lines: list[str] = []
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        lines.extend(f.read_text(encoding="utf-8", errors="replace").splitlines())
+        if len(lines) >= limit:
+            break
+    return lines
+
+
+def synthetic(n: int, seed: int) -> tuple[list[dict], list[dict]]:
+    rng = random.Random(seed)
+    lines = corpus_lines()
+
+    def span(lo: int, hi: int) -> str:
+        k = rng.randrange(len(lines) - hi)
+        return "\n".join(lines[k:k + rng.randint(lo, hi)]).strip("\n")
+
+    prompts, responses = [], []
+    for i in range(n):
+        pid = f"p{i:06d}"
+        prompts.append({"prompt_id": pid, "dataset": "bench", "split": "train", "tools": None,
+                        "messages": json.dumps([{"role": "user", "content": "Explain this:\n" + span(2, 6)}])})
+        calls = None
+        if rng.random() < 0.2:
+            args = json.dumps({"path": f"src/{i}.py", "line": rng.randint(1, 999)}, separators=(",", rng.choice([":", ": "])))
+            calls = json.dumps([{"id": f"call_{i}", "type": "function",
+                                 "function": {"name": "open_file", "arguments": args}}])
+        responses.append({"prompt_id": pid, "dataset": "bench", "status": "ok",
+                          "finish_reason": "tool_calls" if calls else "stop",
+                          "reasoning": span(3, 20), "content": span(5, 40), "tool_calls": calls,
+                          "provider": "bench", "billed_completion_tokens": None})
+    return prompts, responses
+
+
+def full_string(r: dict) -> str:
+    # The original approach: the completion as one string, special tokens written as text.
+    s = f"<think>\n{r['reasoning']}\n</think>\n\n{r['content']}"
+    for k, c in enumerate(json.loads(r["tool_calls"] or "[]")):
+        if k > 0 or r["content"]:
+            s += "\n"
+        s += f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}\n</tool_call>'
+    return s + "<|im_end|>"
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    # Best of `repeats`, each after a full collection: on a shared machine the minimum is the
+    # figure least disturbed by other load.
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        gc.collect()
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=20_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "reconstruct.json")
+    args = ap.parse_args(argv)
+
+    import pyarrow as pa
+
+    from draftgate import schema
+    from draftgate.io import write_json
+    from draftgate.reconstruct.core import Setup
+    from draftgate.reconstruct.table import reconstruct_table
+    from draftgate.templates import get_template
+    from draftgate.tokenizers import load_qwen3
+
+    tok = load_qwen3()
+    template = get_template("qwen3")
+    ids = {n: tok.token_id(n) for n in template.special_names}
+    prompts, responses = synthetic(args.rows, args.seed)
+    resp_table = pa.Table.from_pylist([{f: r.get(f) for f in schema.responses().names} for r in responses],
+                                      schema=schema.responses())
+    prompt_table = pa.Table.from_pylist(prompts)
+    texts = [full_string(r) for r in responses]
+    core = tok.hf.backend_tokenizer
+    enc = tok._tiktoken_encoding
+    tok.encode_ordinary_batch(["warm up"])   # build the tiktoken core before any timing
+
+    results = {}
+    r = args.repeats
+    t, (table, res, _) = timed(lambda: reconstruct_table(resp_table, prompt_table, Setup(tok, template, ids, True)), r)
+    results["ours"] = t
+    t, loop = timed(lambda: [tok.hf.encode(s, add_special_tokens=False) for s in texts], r)
+    results["per_row_loop"] = t
+    t, batch = timed(lambda: [e.ids for e in core.encode_batch(texts, add_special_tokens=False)], r)
+    results["encode_batch"] = t
+    t, _ = timed(lambda: core.encode_batch_fast(texts, add_special_tokens=False), r)
+    results["encode_batch_fast"] = t
+    t, _ = timed(lambda: enc.encode_ordinary_batch(texts), r)
+    results["tiktoken_ordinary_batch"] = t
+
+    ours_ids = table.column("completion_ids").to_pylist()
+    literal = [any(n in r["reasoning"] + r["content"] for n in template.special_names) for r in responses]
+    agree = sum(a == b for a, b, lit in zip(ours_ids, loop, literal) if not lit)
+    n_tokens = sum(map(len, batch))
+    ratios = {"vs_per_row_loop": results["per_row_loop"] / results["ours"],
+              "vs_encode_batch": results["encode_batch"] / results["ours"],
+              "vs_encode_batch_fast": results["encode_batch_fast"] / results["ours"],
+              "vs_tiktoken": results["tiktoken_ordinary_batch"] / results["ours"]}
+    report = {
+        "rows": args.rows, "repeats": args.repeats, "completion_tokens": n_tokens,
+        "chars": sum(map(len, texts)), "seconds": {k: round(v, 3) for k, v in results.items()},
+        "tokens_per_s": {k: round(n_tokens / v) for k, v in results.items()},
+        "speedup_of_ours": {k: round(v, 2) for k, v in ratios.items()},
+        "targets": {"vs_per_row_loop >= 3": ratios["vs_per_row_loop"] >= 3,
+                    "vs_encode_batch >= 0.7": ratios["vs_encode_batch"] >= 0.7},
+        "correctness": {"rows_compared": sum(not x for x in literal), "equal_to_full_string_encode": agree,
+                        "kept": table.column("quarantine_reason").to_pylist().count(None),
+                        "quarantine": dict(res.counts["quarantine"])},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    write_json(args.out, report)
+    print(f"{args.rows:,} responses, {n_tokens:,} completion tokens, {report['chars']:,} chars")
+    print(f"{'method':<26}{'seconds':>9}{'Mtok/s':>9}{'ours is':>10}")
+    for k, v in results.items():
+        rel = "" if k == "ours" else f"{v / results['ours']:.2f}x"
+        print(f"{k:<26}{v:>9.2f}{n_tokens / v / 1e6:>9.2f}{rel:>10}")
+    print(f"targets: {report['targets']}")
+    print(f"correct: {agree}/{report['correctness']['rows_compared']} rows equal the full-string encode")
+    print(f"wrote {args.out}")
+    # Exit 1 only on a wrong result; targets are reported (timings on a shared machine vary).
+    return 0 if agree == report["correctness"]["rows_compared"] and not res.counts["quarantine"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

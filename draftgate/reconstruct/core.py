@@ -1,0 +1,280 @@
+"""Batch reconstruction: response rows + prompt rows -> tokens rows (draftgate.schema.tokens()).
+
+Per row (Python, cheap): normalise the provider's output, render prompt and completion into
+segments. Per batch (the tokenizer's native core): one `encode_ordinary_batch` over every text
+segment of every row, one special-parsing encode for the prefix check. Then per row: choose the
+ids (truth > logprobs > text, or text when forced), classify the text method against the
+reference ids, flags, billing, quarantine.
+
+Quarantined rows stay in the output with `quarantine_reason` set; kept rows have it null.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from draftgate.reconstruct import billing, prefix
+from draftgate.reconstruct.classify import compare, first_difference
+from draftgate.reconstruct.flags import Markers, flags
+from draftgate.reconstruct.logprobs import BytesIndex
+from draftgate.reconstruct.normalise import Dialect, normalise
+
+EXAMPLES = 5  # prompt ids kept per quarantine reason in the metrics, for review
+
+
+class ReconstructError(ValueError):
+    """Inputs the stage cannot work with at all (as opposed to one bad row: a quarantine)."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    tok: Any                        # draftgate.tokenizers.Tokenizer
+    template: Any                   # draftgate.templates.ChatTemplate
+    special_ids: Mapping[str, int]  # from the contract, never literals
+    thinking: bool
+    method: str = "auto"            # auto | text
+
+
+@dataclass
+class Result:
+    rows: list[dict]
+    counts: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def quarantine(self, row: dict, reason: str, detail: str = "") -> None:
+        row["quarantine_reason"] = reason
+        self.counts["quarantine"][reason] += 1
+        if len(self.examples[reason]) < EXAMPLES:
+            self.examples[reason].append(f"{row['prompt_id']}: {detail}" if detail else row["prompt_id"])
+
+
+def markers(setup: Setup) -> Markers:
+    ids, t = setup.special_ids, setup.template
+    missing = sorted(set(t.special_names) - set(ids))
+    if missing:
+        raise ReconstructError(
+            f"the contract has no ids for {', '.join(missing)} (template {t.name}); rerun the "
+            "contract stage with this template so that every special name is resolved")
+    implicit = frozenset({ids[t.tool_marker_pairs[0][0]]}) if t.name == "kimi_k2" else frozenset()
+    return Markers(end=ids[t.end_token],
+                   think=(ids[t.think_tokens[0]], ids[t.think_tokens[1]]) if t.think_tokens else None,
+                   tool_pairs=tuple((ids[a], ids[b]) for a, b in t.tool_marker_pairs),
+                   think_implicit_close=implicit)
+
+
+def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Mapping[str, Any]],
+                setup: Setup, index: BytesIndex | None = None) -> Result:
+    from draftgate.templates import Completion, TemplateError, ToolCall, encode_segments_spans
+    from draftgate.templates.base import Text, render_text
+
+    tmpl, m = setup.template, markers(setup)
+    out = Result([_empty_row(r, prompts.get(r["prompt_id"])) for r in responses])
+
+    # 1. Normalise and render (per row, pure Python).
+    work = []  # (row index, prompt segments, completion segments, normalised)
+    for i, (r, row) in enumerate(zip(responses, out.rows)):
+        p = prompts.get(r["prompt_id"])
+        if p is None:
+            out.quarantine(row, "prompt_missing", "not in the prompts table")
+            continue
+        try:
+            messages = json.loads(p["messages"])
+            tools = json.loads(p["tools"]) if p.get("tools") else None
+        except json.JSONDecodeError as e:
+            out.quarantine(row, "prompt_unparseable", str(e))
+            continue
+        n = normalise(dict(r), _dialect(tmpl, messages))
+        row["normalisations"] = json.dumps(list(n.normalisations))
+        out.counts["normalisations"].update(n.normalisations)
+        if n.quarantine:
+            out.quarantine(row, n.quarantine, r.get("failure_reason") or "")
+            continue
+        c = n.parts
+        think_closed = _think_closed(tmpl, c, r, setup.special_ids, row, out)
+        completion = Completion(reasoning=c.reasoning, content=c.content,
+                                tool_calls=tuple(ToolCall(t.name, t.arguments, t.id) for t in c.tool_calls),
+                                truncated=c.truncated, think_closed=think_closed)
+        try:
+            pseg = tmpl.render_prompt(messages, tools, setup.thinking)
+            cseg = tmpl.render_completion(completion, setup.thinking)
+        except TemplateError as e:
+            out.quarantine(row, "template_error", str(e))
+            continue
+        work.append((i, pseg, cseg, n))
+
+    # 2. Encode every text segment of the batch at once; specials by the contract's ids.
+    encoded = encode_segments_spans(setup.tok, [w[1] for w in work] + [w[2] for w in work],
+                                    setup.special_ids)
+    penc, cenc = encoded[:len(work)], encoded[len(work):]
+
+    # 3. Prefix check (prefix.py): one special-parsing encode of every row's boundary.
+    literal = prefix.added_tokens_pattern(setup.tok)
+    texts, at = prefix.windows([(w[1], w[2]) for w in work])
+    engine = prefix.encode_with_specials(setup.tok, texts)
+
+    # Text is encoded by an ordinary encoder built without the added vocabulary, so no added
+    # token's id can come out of it (tokenizers.py; fuzz-tested there). What can: a contract id
+    # that is an ordinary token (the 163533 "chas" bug). Only those are looked for.
+    added = frozenset(getattr(setup.tok, "added_ids", ()))
+    special_set = frozenset(i for i in setup.special_ids.values() if i not in added)
+    marker_ids = m.all_ids
+    vocab = setup.tok.vocab_size
+    for k, ((i, pseg, cseg, n), pe, ce) in enumerate(zip(work, penc, cenc)):
+        r, row = responses[i], out.rows[i]
+        prompt_ids, text_ids = pe.ids, ce.ids
+        row["special_in_text"] = _special_in_text(pe, pseg, Text, special_set) or \
+            _special_in_text(ce, cseg, Text, special_set)
+        unstable = prefix.unstable(pseg, pe, engine[at[k]] if k in at else None, literal)
+
+        reference, source = _reference(r, cseg, text_ids, m.end, setup, index, out, render_text)
+        if reference is not None and reference and not 0 <= min(reference) <= max(reference) < vocab:
+            out.quarantine(row, f"{source}_ids_outside_vocabulary",
+                           f"ids {min(reference)}..{max(reference)}, vocabulary 0..{vocab - 1}")
+            continue
+        if setup.method == "text" or source is None:
+            final, method = text_ids, "text"
+        else:
+            final, method = list(reference), source
+        out.counts["method"][method] += 1
+        cmp = compare(text_ids, reference, setup.tok.token_bytes)
+        out.counts["match"][cmp.match] += 1
+
+        seen = None
+        if final is text_ids and not row["special_in_text"]:
+            # The render says where the specials are: no need to scan the ids for markers.
+            seen = [sid for sid in (setup.special_ids[s.name] for s in cseg if type(s) is not Text)
+                    if sid in marker_ids]
+        f = flags(final, prompt_ids, n.parts.truncated, m, seen)
+        row.update(
+            input_ids=prompt_ids + final, prompt_len=len(prompt_ids), completion_ids=final,
+            loss_mask=[0] * len(prompt_ids) + [1] * len(final), method=method, match=cmp.match,
+            first_diff=cmp.first_diff, diff_context=cmp.context, n_completion=len(final),
+            billing_delta=billing.delta(len(final), row["billed_completion_tokens"]),
+            ends_with_eos=f.ends_with_eos, think_balanced=f.think_balanced,
+            tool_markers_balanced=f.tool_markers_balanced,
+        )
+        served = r.get("prompt_token_ids")   # vLLM's return_token_ids; the local server's too
+        if served is not None and list(served) != prompt_ids:
+            j = first_difference(prompt_ids, served)
+            out.quarantine(row, "prompt_ids_differ",
+                           f"the backend's prompt ids differ from the rendered prompt's at {j}: "
+                           f"{list(served[j:j + 4])} vs {prompt_ids[j:j + 4]}")
+        elif unstable:
+            out.quarantine(row, "prefix_unstable", unstable)
+        elif not f.ends_with_eos and not n.parts.truncated:
+            out.quarantine(row, "no_end_token", f"{method} ids end with {final[-1:]}")
+        elif not f.think_balanced:
+            out.quarantine(row, "think_unbalanced", method)
+        elif not f.tool_markers_balanced:
+            out.quarantine(row, "tool_markers_unbalanced", method)
+    return out
+
+
+# Columns settle_billing reads and writes: small enough to keep for every row of a large run.
+LIGHT = ("prompt_id", "dataset", "provider", "n_completion", "billed_completion_tokens",
+         "ends_with_eos", "match", "method", "quarantine_reason")
+
+
+def settle_billing(rows: Sequence[dict], on_mismatch: str, out: Result) -> dict:
+    """Measure each provider's convention on the kept rows, then set every row's residual.
+
+    Mutates rows (billing_convention, billing_residual, quarantine_reason) and returns the
+    summary. Runs once over the whole table: a convention is a property of the provider.
+    """
+    def brow(r: dict) -> billing.BillingRow:
+        return billing.BillingRow(r["provider"], r["n_completion"], r["billed_completion_tokens"],
+                                  bool(r["ends_with_eos"]))
+
+    measured = [r for r in rows if r["n_completion"] is not None]
+    kept = [brow(r) for r in measured if r["quarantine_reason"] is None]
+    conventions = billing.measure(kept)
+    for r in measured:
+        conv = conventions.get(r["provider"] or "unknown")
+        if conv is None:
+            continue
+        r["billing_convention"] = conv.convention
+        r["billing_residual"] = billing.residual(brow(r), conv.convention)
+        if (on_mismatch == "quarantine" and r["quarantine_reason"] is None
+                and r["billing_residual"] not in (0, None)):
+            out.quarantine(r, "billing_mismatch", f"residual {r['billing_residual']}")
+    return billing.summary(kept, conventions)
+
+
+def _dialect(tmpl: Any, messages: list[dict]) -> Dialect:
+    tool_id = None
+    if tmpl.name == "kimi_k2":
+        from draftgate.templates.kimi_k2 import kimi_tool_call_id as tool_id
+    prior = sum(len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict))
+    return Dialect(think=tmpl.think_tokens, tool_id=tool_id, first_tool_index=prior)
+
+
+def _think_closed(tmpl: Any, c: Any, r: Mapping[str, Any], ids: Mapping[str, int], row: dict,
+                  out: Result) -> bool:
+    # Kimi-K2 sometimes runs from reasoning straight into tool calls without `</think>`. The
+    # provider's split cannot show it; the truth ids can. Without truth: render as the template
+    # does by default (closed), and the comparison, where possible, tells.
+    if not (tmpl.name == "kimi_k2" and c.reasoning and c.tool_calls and not c.content):
+        return True
+    truth = r.get("truth_ids")
+    if truth is None or ids[tmpl.think_tokens[1]] in truth:
+        return True
+    done = json.loads(row["normalisations"]) + ["kimi_think_unclosed"]
+    row["normalisations"] = json.dumps(done)
+    out.counts["normalisations"]["kimi_think_unclosed"] += 1
+    return False
+
+
+def _reference(r: Mapping[str, Any], cseg: list, text_ids: list[int], end_id: int, setup: Setup,
+               index: BytesIndex | None, out: Result, render_text: Any
+               ) -> tuple[Sequence[int] | None, str | None]:
+    """The ids the model produced, when the backend told us: truth ids, else logprob bytes."""
+    truth = r.get("truth_ids")
+    if truth is not None:
+        return list(truth), "truth"
+    if not r.get("logprobs"):
+        return None, None
+    if index is None:
+        out.counts["logprobs_fallback"]["no_index"] += 1
+        return None, None
+    look = index.lookup(r["logprobs"])
+    if look.ids is None:
+        out.counts["logprobs_fallback"][look.reason] += 1
+        return None, None
+    # The logprobs must cover the whole completion (some providers give content only): their
+    # bytes must be the rendered completion's bytes, the end token allowed to be absent.
+    got = b"".join(setup.tok.token_bytes(i) for i in look.ids)
+    want = render_text(cseg).encode("utf-8")
+    ids = list(look.ids)
+    if got != want:
+        end = setup.tok.token_bytes(end_id)
+        if want.endswith(end) and got == want[:-len(end)]:
+            ids.append(end_id)
+        else:
+            out.counts["logprobs_fallback"]["logprobs_incomplete"] += 1
+            return None, None
+    return ids, "logprobs"
+
+
+def _special_in_text(enc: Any, segs: list, Text: type, special: frozenset[int]) -> bool:
+    if not special:
+        return False
+    ids = enc.ids
+    return any(type(s) is Text and not special.isdisjoint(ids[a:b])
+               for s, (a, b) in zip(segs, enc.spans))
+
+
+def _empty_row(r: Mapping[str, Any], p: Mapping[str, Any] | None) -> dict:
+    return {
+        "prompt_id": r["prompt_id"], "dataset": r.get("dataset") or (p or {}).get("dataset"),
+        "split": (p or {}).get("split"), "input_ids": None, "prompt_len": None,
+        "completion_ids": None, "loss_mask": None, "method": None, "match": None,
+        "first_diff": None, "diff_context": None, "n_completion": None,
+        "billed_completion_tokens": r.get("billed_completion_tokens"), "billing_delta": None,
+        "billing_convention": None, "billing_residual": None,
+        "finish_reason": r.get("finish_reason"), "provider": r.get("provider"),
+        "ends_with_eos": None, "think_balanced": None, "tool_markers_balanced": None,
+        "special_in_text": None, "normalisations": "[]", "quarantine_reason": None,
+    }

@@ -1,0 +1,74 @@
+"""Tables in, tables out: Arrow assembly, chunking, billing over the whole table, the report."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from draftgate import schema
+from draftgate.reconstruct.core import Setup
+from draftgate.reconstruct.table import mismatch_report, plot_rows, reconstruct_table, to_arrow
+from draftgate.templates import get_template
+
+
+def tables(qwen3_tok, n=5, excludes_end=True):
+    prompts, responses = [], []
+    for k in range(n):
+        text = f"Answer number {k}."
+        truth = qwen3_tok.encode(text + "<|im_end|>")
+        prompts.append({"prompt_id": f"p{k}", "dataset": "a" if k % 2 else "b", "split": "train",
+                        "tools": None, "messages": json.dumps([{"role": "user", "content": f"Q{k}"}])})
+        responses.append({"prompt_id": f"p{k}", "dataset": prompts[-1]["dataset"], "status": "ok",
+                          "finish_reason": "stop", "content": text, "provider": "prov",
+                          "truth_ids": truth if k != 1 else None,
+                          "billed_completion_tokens": len(truth) - (1 if excludes_end else 0)})
+    full = [{f: r.get(f) for f in schema.responses().names} for r in responses]
+    return pa.Table.from_pylist(full, schema=schema.responses()), pa.Table.from_pylist(prompts)
+
+
+def setup(tok):
+    t = get_template("qwen3")
+    return Setup(tok, t, {n: tok.token_id(n) for n in t.special_names}, False)
+
+
+def test_to_arrow_matches_pyarrows_own_conversion_including_null_lists():
+    rows = [{f.name: None for f in schema.tokens()} for _ in range(3)]
+    rows[0].update(prompt_id="a", input_ids=[1, 2, 3, 4], completion_ids=[3, 4], prompt_len=2, loss_mask=[0, 0, 1, 1])
+    rows[1].update(prompt_id="b")
+    rows[2].update(prompt_id="c", input_ids=[5, 6], completion_ids=[], prompt_len=2, loss_mask=[0, 0])
+    assert to_arrow(rows).equals(pa.Table.from_pylist(rows, schema=schema.tokens()))
+
+
+def test_chunks_do_not_change_the_result_and_billing_is_measured_over_the_whole_table(qwen3_tok):
+    responses, prompts = tables(qwen3_tok)
+    whole, _, summary = reconstruct_table(responses, prompts, setup(qwen3_tok))
+    chunked, _, summary2 = reconstruct_table(responses, prompts, setup(qwen3_tok), chunk=2)
+    assert whole.equals(chunked) and summary == summary2
+    # The provider bills without the end token: measured, and every residual is 0 under it.
+    assert summary["by_provider"]["prov"]["convention"] == "excludes_end"
+    assert set(whole.column("billing_residual").to_pylist()) == {0}
+    assert set(whole.column("billing_delta").to_pylist()) == {1}
+
+
+def test_billing_mismatch_quarantines_only_when_asked(qwen3_tok):
+    responses, prompts = tables(qwen3_tok)
+    bills = responses.column("billed_completion_tokens").to_pylist()
+    bills[0] += 3
+    responses = responses.set_column(responses.schema.get_field_index("billed_completion_tokens"),
+                                     "billed_completion_tokens", pa.array(bills, pa.int64()))
+    kept, _, _ = reconstruct_table(responses, prompts, setup(qwen3_tok), "keep")
+    quarantined, result, _ = reconstruct_table(responses, prompts, setup(qwen3_tok), "quarantine")
+    assert kept.column("quarantine_reason").null_count == 5
+    assert quarantined.column("quarantine_reason").to_pylist()[0] == "billing_mismatch"
+    assert result.counts["quarantine"] == {"billing_mismatch": 1}
+
+
+def test_the_report_counts_per_dataset_and_the_mismatch_rate_only_where_truth_is_known(qwen3_tok):
+    responses, prompts = tables(qwen3_tok)
+    table, _, summary = reconstruct_table(responses, prompts, setup(qwen3_tok))
+    report = mismatch_report(table, summary)
+    assert report["datasets"]["a"]["unknown"] == 1 and report["datasets"]["a"]["exact"] == 1
+    assert report["datasets"]["b"]["exact"] == 3 and report["datasets"]["all"]["rows"] == 5
+    assert report["datasets"]["a"]["mismatch_rate"] == 0.0
+    assert [r["dataset"] for r in plot_rows(report)] == ["a", "b", "all"]
