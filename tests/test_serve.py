@@ -1,0 +1,260 @@
+"""The local server on the real SmolLM2 model, over real HTTP on loopback.
+
+The model is converted from its GGUF once per session into a temp cache (the cold path, ~20 s),
+then every test shares it; `running()` starts real `draftgate serve` subprocesses on that cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from aiohttp import web
+
+from draftgate.config import ServeParams
+from draftgate.serve import local
+from draftgate.serve.model import END_TOKEN, SERVED_NAME, Sampling, generate_batch, gguf_path, load
+
+HI = [{"role": "user", "content": "Say hello in one short sentence."}]
+POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("draftgate-cache")
+
+
+@pytest.fixture(scope="session")
+def lm(cache):
+    return load("cpu", cache=cache)     # cold: GGUF -> safetensors in the temp cache
+
+
+@pytest.fixture(scope="session")
+def cached(lm, cache):
+    return load("cpu", cache=cache)     # what every later process serves
+
+
+@pytest.fixture(scope="session")
+def server(cached):
+    # The real aiohttp app on its own loop in a thread, so tests can call it with plain httpx.
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(local.build_app(cached, ServeParams(max_batch=8, batch_wait_ms=50)))
+    sock = socket.create_server(("127.0.0.1", 0))
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.SockSite(runner, sock).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    root = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    yield root
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def chat(server: str, messages=HI, **fields) -> dict:
+    response = httpx.post(f"{server}/v1/chat/completions", json={"model": SERVED_NAME, "messages": messages,
+                                                                 **fields}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_cold_load_caches_safetensors_keyed_by_gguf_sha256_and_reloads_identical_logits(lm, cached, cache):
+    import torch
+
+    assert lm.source == "gguf"
+    sha = hashlib.sha256(gguf_path().read_bytes()).hexdigest()
+    assert lm.gguf_sha256 == sha
+    [folder] = (cache / "models").iterdir()
+    assert sha[:16] in folder.name and (folder / "model.safetensors").is_file()
+    assert json.loads((folder / "source.json").read_text())["gguf_sha256"] == sha
+    assert cached.source == "cache"
+    prompt = lm.tokenizer.apply_chat_template(POEM, add_generation_prompt=True)["input_ids"]
+    assert cached.tokenizer.apply_chat_template(POEM, add_generation_prompt=True)["input_ids"] == prompt
+    assert cached.tokenizer.get_vocab() == lm.tokenizer.get_vocab()
+    assert cached.tokenizer.chat_template == lm.tokenizer.chat_template
+    with torch.inference_mode():
+        assert torch.equal(lm.model(torch.tensor([prompt])).logits, cached.model(torch.tensor([prompt])).logits)
+
+
+def test_end_token_is_resolved_by_name_and_round_trips(lm):
+    [end] = lm.end_ids
+    assert lm.tokenizer.decode([end]) == END_TOKEN
+    assert lm.tokenizer.encode(END_TOKEN, add_special_tokens=False) == [end]
+    assert end == 2   # the fact, checked against the real tokenizer
+
+
+def test_token_bytes_table_agrees_with_decode_for_every_whole_utf8_token(lm):
+    checked = 0
+    for tid, raw in enumerate(lm.token_bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue    # half a character: decode() would say U+FFFD, the bytes are the truth
+        assert lm.tokenizer.decode([tid]) == text, tid
+        checked += 1
+    assert len(lm.token_bytes) == len(lm.tokenizer) and checked > 45_000
+
+
+def test_a_seeded_row_is_unchanged_by_padding_and_by_rows_that_finish_first(lm):
+    prompt = lambda m: lm.tokenizer.apply_chat_template(m, add_generation_prompt=True)["input_ids"]
+    seeded = Sampling(max_tokens=12, temperature=0.8, top_p=0.9, seed=42)
+    long = [{"role": "user", "content": "Explain, in detail and with an example, what a Python decorator is."}]
+    alone = generate_batch(lm, [prompt(POEM)], [seeded])[0]
+    batch = generate_batch(lm, [prompt(HI), prompt(POEM), prompt(long)],
+                           [Sampling(max_tokens=3), seeded, Sampling(max_tokens=6, temperature=1.0, seed=7)])
+    assert batch[1] == alone
+    assert [len(g.steps) for g in batch] == [3, 12, 6] and batch[0].finish_reason == "length"
+
+
+def test_models_lists_the_served_model(server):
+    listed = httpx.get(f"{server}/v1/models").json()
+    assert [m["id"] for m in listed["data"]] == [SERVED_NAME]
+
+
+def test_completion_ids_decode_to_content_plus_end_token_and_usage_counts_them(server, lm):
+    body = chat(server, max_tokens=64, temperature=0, return_token_ids=True)
+    choice = body["choices"][0]
+    assert body["provider"] == "local" and body["id"].startswith("chatcmpl-")
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"]
+    assert choice["message"]["tool_calls"] is None and choice["message"]["reasoning"] is None
+    assert lm.tokenizer.decode(choice["token_ids"]) == choice["message"]["content"] + END_TOKEN
+    assert body["usage"]["completion_tokens"] == len(choice["token_ids"])
+    assert body["usage"]["prompt_tokens"] == len(body["prompt_token_ids"])
+
+
+def test_prompt_token_ids_are_the_tokenizers_own_chat_template_ids(server, lm):
+    messages = [{"role": "system", "content": "Be terse."}, *POEM]
+    body = chat(server, messages, max_tokens=2, return_token_ids=True)
+    assert body["prompt_token_ids"] == lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+
+
+def test_temperature_zero_is_deterministic(server):
+    first, second = (chat(server, POEM, max_tokens=16, temperature=0, return_token_ids=True) for _ in range(2))
+    assert first["choices"][0]["token_ids"] == second["choices"][0]["token_ids"]
+
+
+def test_max_tokens_is_honoured_with_finish_reason_length(server, lm):
+    body = chat(server, POEM, max_tokens=5, temperature=0.7, seed=1, return_token_ids=True)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 5
+    assert lm.tokenizer.decode(choice["token_ids"]) == choice["message"]["content"]
+
+
+def test_seeded_sample_gives_the_same_ids_alone_and_inside_a_concurrent_batch(server):
+    seeded = dict(messages=POEM, max_tokens=16, temperature=0.9, top_p=0.95, seed=1234, return_token_ids=True)
+    alone = chat(server, **seeded)["choices"][0]["token_ids"]
+    before = httpx.get(f"{server}/health").json()["batch_sizes"]
+    others = [dict(messages=[{"role": "user", "content": f"Count to {n}."}], max_tokens=12, temperature=0.7,
+                   seed=n) for n in range(3, 8)]
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda f: chat(server, **f), [seeded, *others]))
+    after = httpx.get(f"{server}/health").json()["batch_sizes"]
+    assert results[0]["choices"][0]["token_ids"] == alone
+    new_batches = {int(k): v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+    assert max(new_batches) >= 2, f"six concurrent requests were never batched: {new_batches}"
+    assert sum(k * v for k, v in new_batches.items()) == 6
+
+
+def test_different_seeds_sample_different_text(server):
+    texts = {chat(server, POEM, max_tokens=6, temperature=1.0, seed=s)["choices"][0]["message"]["content"]
+             for s in (1, 2, 3)}
+    assert len(texts) > 1
+
+
+def test_logprob_bytes_join_to_the_content_and_top_logprobs_are_sorted(server):
+    body = chat(server, POEM, max_tokens=16, temperature=0.7, seed=5, logprobs=True, top_logprobs=3,
+                return_token_ids=True)
+    choice = body["choices"][0]
+    entries = choice["logprobs"]["content"]
+    assert bytes(b for e in entries for b in e["bytes"]).decode() == choice["message"]["content"]
+    assert len(entries) == len(choice["token_ids"]) - (choice["finish_reason"] == "stop")
+    for e in entries:
+        tops = [t["logprob"] for t in e["top_logprobs"]]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and e["logprob"] <= tops[0] + 1e-6
+
+
+def test_stream_carries_the_same_text_ids_and_usage_as_the_plain_response(server):
+    fields = dict(messages=POEM, max_tokens=24, temperature=0.8, seed=9, return_token_ids=True)
+    plain = chat(server, **fields)
+    with httpx.stream("POST", f"{server}/v1/chat/completions",
+                      json={**fields, "stream": True, "stream_options": {"include_usage": True}}, timeout=120) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert "".join(c["delta"].get("content", "") for c in choices) == plain["choices"][0]["message"]["content"]
+    assert [i for c in choices for i in c.get("token_ids", [])] == plain["choices"][0]["token_ids"]
+    assert chunks[0]["prompt_token_ids"] == plain["prompt_token_ids"]
+    assert choices[-1]["finish_reason"] == plain["choices"][0]["finish_reason"]
+    assert chunks[-1]["usage"] == plain["usage"]
+
+
+def test_tools_the_template_ignores_are_reported_not_silently_dropped(server):
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    with_tools = chat(server, HI, tools=tools, max_tokens=1, return_token_ids=True)
+    without = chat(server, HI, max_tokens=1, return_token_ids=True)
+    assert with_tools["prompt_token_ids"] == without["prompt_token_ids"]
+    assert "tools" in with_tools["warnings"][0] and "warnings" not in without
+
+
+@pytest.mark.parametrize(("fields", "status", "param"), [
+    ({"messages": []}, 400, "messages"),
+    ({"temperature": 3}, 400, "temperature"),
+    ({"stop": ["\n"]}, 400, "stop"),
+    ({"n": 2}, 400, "n"),
+    ({"max_tokens": 0}, 400, "max_tokens"),
+    ({"max_tokens": 9000}, 400, "max_tokens"),
+    ({"top_logprobs": 2}, 400, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, 400, "messages[0].content"),
+    ({"model": "gpt-4o"}, 404, "model"),
+])
+def test_bad_requests_get_an_openai_shaped_error_naming_the_field(server, fields, status, param):
+    response = httpx.post(f"{server}/v1/chat/completions",
+                          json={"model": SERVED_NAME, "messages": HI, **fields}, timeout=30)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"] and error["code"]
+
+
+def test_a_body_that_is_not_json_and_an_unknown_route_get_json_errors(server):
+    bad = httpx.post(f"{server}/v1/chat/completions", content=b"{nope", timeout=30)
+    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+    missing = httpx.get(f"{server}/v1/embeddings")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_running_starts_a_subprocess_server_and_stops_it_on_exit(cache, monkeypatch):
+    monkeypatch.setenv("DRAFTGATE_CACHE", str(cache))
+    with local.running(ServeParams(device="cpu", max_batch=4)) as url:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        body = httpx.post(f"{url}/chat/completions", json={"messages": HI, "max_tokens": 4}, timeout=60).json()
+        assert body["usage"]["completion_tokens"] >= 1
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/models", timeout=5)
+
+
+def test_running_reports_a_dead_server_with_its_stderr():
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 1.*cannot listen on 256\.0\.0\.1"):
+        with local.running(host="256.0.0.1"):
+            pass
+
+
+def test_cli_exits_2_on_a_missing_params_file_and_1_on_a_bad_host(tmp_path, capsys):
+    assert local.main(["--port", "0", "--params", str(tmp_path / "params.yaml")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert local.main(["--host", "256.0.0.1", "--port", "0"]) == 1
+    assert "cannot listen" in capsys.readouterr().err
+
+
+def test_the_server_tokenises_digits_one_by_one_as_the_real_smollm2_does(lm):
+    # transformers' GGUF conversion alone would merge "2024" differently; the server must use the
+    # model's real pre-tokenizer, or its truth ids disagree with everything downstream.
+    ids = lm.tokenizer.encode("in  2024", add_special_tokens=False)
+    assert [lm.tokenizer.decode([i]) for i in ids][-4:] == ["2", "0", "2", "4"]
