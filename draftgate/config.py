@@ -49,6 +49,8 @@ class ContractParams:
 
 @dataclass(frozen=True)
 class PromptsParams:
+    # Raw files (by stem) to ingest; null = every file under the raw directory.
+    datasets: list[str] | None = None
     heldout_fraction: float = 0.1
     split_seed: int = 0
     max_prompts: int | None = None

@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from draftgate.config import PromptsParams
 
@@ -23,6 +23,8 @@ REASONS = (
     "invalid_utf8", "invalid_json", "not_an_object", "no_messages", "no_user_turn",
     "unknown_role", "empty_content", "bad_message", "bad_tools", "bad_tool_schema",
 )
+# Decided by ingest() with the target's template, not by a record alone.
+TEMPLATE_UNSUPPORTED = "template_unsupported"
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT speaker names -> OpenAI roles; function_call/observation carry tool calls/results.
 SHAREGPT_ROLES = {
@@ -405,8 +407,14 @@ def _check_order(messages: list[dict]) -> None:
 
 # ---------------------------------------------------------------- the whole run
 
-def ingest(records: Iterable[RawRecord], params: PromptsParams) -> Ingested:
-    """Process, dedup (first by file name then position wins), cap, split. Order-independent."""
+def ingest(records: Iterable[RawRecord], params: PromptsParams,
+           render_problem: Callable[[list[dict], list[dict] | None], str | None] | None = None) -> Ingested:
+    """Process, dedup (first by file name then position wins), cap, split. Order-independent.
+
+    `render_problem(messages, tools)` says why the target's chat template cannot render a prompt
+    (None when it can): such a prompt could never become exact training data, so it is rejected
+    here, before any request is paid for.
+    """
     if not 0.0 <= params.heldout_fraction <= 1.0:
         raise ValueError(f"prompts.heldout_fraction is {params.heldout_fraction}; it must be within [0, 1]")
     if params.max_prompts is not None and params.max_prompts < 0:
@@ -420,6 +428,10 @@ def ingest(records: Iterable[RawRecord], params: PromptsParams) -> Ingested:
         if out is None:
             blank += 1
             continue
+        if render_problem is not None and isinstance(out, Prompt):
+            problem = render_problem(json.loads(out.messages), json.loads(out.tools) if out.tools else None)
+            if problem is not None:
+                out = Reject(out.source, TEMPLATE_UNSUPPORTED, problem, _truncate(out.messages.encode("utf-8")))
         per_dataset[Path(r.file).stem] += 1
         if isinstance(out, Reject):
             rejects.append(out)

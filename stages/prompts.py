@@ -28,9 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.io import write_parquet
 
     try:
-        params = load_params(args.params).prompts
-        records = [r for path in prompts.raw_files(args.raw) for r in _read(prompts, path)]
-        result = prompts.ingest(records, params)
+        all_params = load_params(args.params)
+        params = all_params.prompts
+        files = _selected(prompts.raw_files(args.raw), params.datasets, args.raw)
+        records = [r for path in files for r in _read(prompts, path)]
+        result = prompts.ingest(records, params, _render_problem(all_params.template))
     except (ParamsError, OSError, ValueError) as e:
         print(f"stages.prompts: {e}", file=sys.stderr)
         return 2
@@ -43,6 +45,34 @@ def main(argv: list[str] | None = None) -> int:
           f"({len(result.rejects)} rejected, {result.n_duplicates} duplicates, "
           f"{metrics.figures['split']['heldout']} heldout)")
     return 0
+
+
+def _selected(files: list[Path], datasets: list[str] | None, raw: str) -> list[Path]:
+    if datasets is None:
+        return files
+    by_stem = {f.stem: f for f in files}
+    missing = [d for d in datasets if d not in by_stem]
+    if missing:
+        raise ValueError(f"prompts.datasets names {missing}, which {raw} does not hold; "
+                         f"available: {sorted(by_stem)}")
+    return [f for f in files if f.stem in datasets]
+
+
+def _render_problem(template_params):
+    """The target template's verdict on each prompt: None when it renders, else why not."""
+    from draftgate.templates import TemplateError, get_template
+
+    template = get_template(template_params.name)
+
+    def problem(messages, tools):
+        try:
+            template.render_prompt(messages, tools, template_params.thinking)
+        except TemplateError as e:
+            return f"the {template.name} template cannot render this prompt: {e}; choose a template " \
+                   f"that supports it (template.name) or leave its dataset out (prompts.datasets)"
+        return None
+
+    return problem
 
 
 def _read(prompts, path: Path) -> list:

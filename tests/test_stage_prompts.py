@@ -44,7 +44,7 @@ def test_the_stage_writes_prompts_rejects_and_metrics_with_exact_schemas(workdir
         ("chat.jsonl:2", "invalid_json"), ("more.parquet:row 1", "unknown_role")]
     metrics = json.loads((workdir / "metrics" / "prompts.json").read_text())
     assert (metrics["rows_in"], metrics["rows_out"], metrics["dropped"]) == (5, 2, 3)
-    assert metrics["params"] == {"heldout_fraction": 0.25, "split_seed": 3, "max_prompts": None}
+    assert metrics["params"] == {"datasets": None, "heldout_fraction": 0.25, "split_seed": 3, "max_prompts": None}
     assert not list((workdir / "out").glob(".*.tmp"))
 
 
@@ -84,6 +84,8 @@ def test_the_module_runs_as_a_script_with_exit_codes(workdir):
 
 
 def test_the_bundled_prompt_sets_ingest_with_zero_rejects(workdir):
+    # qwen3: a template that renders tool prompts too (ChatML rejects them, tested below).
+    (workdir / "params.yaml").write_text("template:\n  name: qwen3\n")
     assert run(workdir, raw=REPO / "data" / "raw") == 0
     prompts = pq.read_table(workdir / "out" / "prompts.parquet").to_pylist()
     metrics = json.loads((workdir / "metrics" / "prompts.json").read_text())
@@ -98,7 +100,7 @@ def test_the_bundled_prompt_sets_ingest_with_zero_rejects(workdir):
 def test_the_prompts_suite_passes_the_bundled_sets_and_fails_a_reject_over_the_threshold(workdir, tmp_path):
     from draftgate import gates
 
-    (workdir / "params.yaml").write_text("prompts:\n  heldout_fraction: 0.1\n")
+    (workdir / "params.yaml").write_text("prompts:\n  heldout_fraction: 0.1\ntemplate:\n  name: qwen3\n")
     raw = tmp_path / "bundle"
     raw.mkdir()
     for f in (REPO / "data" / "raw").glob("*.jsonl"):
@@ -111,8 +113,40 @@ def test_the_prompts_suite_passes_the_bundled_sets_and_fails_a_reject_over_the_t
     assert gates.main(args) == 0
     with open(raw / "chat.jsonl", "a") as f:
         f.write('{"messages": [{"role": "narrator", "content": "hi"}]}\n')
-    (workdir / "params.yaml").write_text("prompts:\n  heldout_fraction: 0.1\ngates:\n  prompts:\n    max_rejects_rate: 0.0\n")
+    (workdir / "params.yaml").write_text("prompts:\n  heldout_fraction: 0.1\ntemplate:\n  name: qwen3\n"
+                                         "gates:\n  prompts:\n    max_rejects_rate: 0.0\n")
     assert run(workdir, raw=raw) == 0
     assert gates.main(args) == 1
     failed = [e for e in json.loads((tmp_path / "gate.json").read_text())["expectations"] if not e["success"]]
     assert [(e["kwargs"].get("column"), e["observed_value"]) for e in failed] == [("rejects_rate", pytest.approx(1 / 151))]
+
+
+TOOL = {"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+                                         "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}
+
+
+def test_prompts_the_target_template_cannot_render_are_rejected_before_any_request(workdir):
+    write_lines(workdir / "raw" / "tools.jsonl", [{"messages": [USER], "tools": [TOOL]}, {"messages": [USER]}])
+    (workdir / "params.yaml").write_text("template:\n  name: chatml\n")
+    assert run(workdir) == 0
+    [reject] = pq.read_table(workdir / "out" / "rejects.parquet").to_pylist()
+    assert (reject["source"], reject["reason"]) == ("tools.jsonl:1", "template_unsupported")
+    assert "template.name" in reject["detail"] and "prompts.datasets" in reject["detail"]
+
+    (workdir / "params.yaml").write_text("template:\n  name: qwen3\n")
+    assert run(workdir) == 0
+    assert pq.read_table(workdir / "out" / "rejects.parquet").num_rows == 0
+    assert pq.read_table(workdir / "out" / "prompts.parquet").num_rows == 2
+
+
+def test_prompts_datasets_selects_raw_files_by_stem_and_names_unknown_ones(workdir, capsys):
+    write_lines(workdir / "raw" / "chat.jsonl", [{"messages": [USER]}])
+    write_lines(workdir / "raw" / "code.jsonl", [{"messages": [{"role": "user", "content": "Write a loop."}]}])
+    (workdir / "params.yaml").write_text("prompts:\n  datasets: [code]\n")
+    assert run(workdir) == 0
+    assert pq.read_table(workdir / "out" / "prompts.parquet").column("dataset").to_pylist() == ["code"]
+
+    (workdir / "params.yaml").write_text("prompts:\n  datasets: [code, tools]\n")
+    assert run(workdir) == 2
+    err = capsys.readouterr().err
+    assert "['tools']" in err and "available: ['chat', 'code']" in err

@@ -23,10 +23,13 @@ class Comparison:
     context: str | None         # JSON: both sides around first_diff
 
 
+UNKNOWN = Comparison("unknown", None, None)   # frozen: one instance serves every row
+
+
 def compare(candidate: Sequence[int], reference: Sequence[int] | None,
             token_bytes: Callable[[int], bytes]) -> Comparison:
     if reference is None:
-        return Comparison("unknown", None, None)
+        return UNKNOWN
     candidate, reference = list(candidate), list(reference)
     if candidate == reference:
         return Comparison("exact", None, None)

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from draftgate.reconstruct import billing, prefix
 from draftgate.reconstruct.classify import compare, first_difference
-from draftgate.reconstruct.flags import Markers, flags
+from draftgate.reconstruct.flags import Markers, flags, prompt_think_open
 from draftgate.reconstruct.logprobs import BytesIndex
 from draftgate.reconstruct.normalise import Dialect, normalise
 
@@ -67,27 +67,29 @@ def markers(setup: Setup) -> Markers:
 
 def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Mapping[str, Any]],
                 setup: Setup, index: BytesIndex | None = None) -> Result:
-    from draftgate.templates import Completion, TemplateError, ToolCall, encode_segments_spans
-    from draftgate.templates.base import Text, render_text
+    from draftgate.templates import Completion, TemplateError, ToolCall
+    from draftgate.templates.base import render_text
+    from draftgate.templates.encode import Pieces
 
     tmpl, m = setup.template, markers(setup)
     out = Result([_empty_row(r, prompts.get(r["prompt_id"])) for r in responses])
+    pieces = Pieces(setup.special_ids)
+    seen: dict[str, _Prompt] = {}
 
-    # 1. Normalise and render (per row, pure Python).
-    work = []  # (row index, prompt segments, completion segments, normalised)
+    # 1. Normalise and render (per row, pure Python); each prompt once, however many responses
+    #    share it. Every text of the batch is planned into `pieces`.
+    work = []  # (row index, prompt, completion segments, completion plan, normalised)
     for i, (r, row) in enumerate(zip(responses, out.rows)):
-        p = prompts.get(r["prompt_id"])
-        if p is None:
-            out.quarantine(row, "prompt_missing", "not in the prompts table")
+        pid = r["prompt_id"]
+        pr = seen.get(pid)
+        if pr is None:
+            pr = seen[pid] = _Prompt(prompts.get(pid), tmpl)
+        if pr.bad is not None:
+            out.quarantine(row, *pr.bad)
             continue
-        try:
-            messages = json.loads(p["messages"])
-            tools = json.loads(p["tools"]) if p.get("tools") else None
-        except json.JSONDecodeError as e:
-            out.quarantine(row, "prompt_unparseable", str(e))
-            continue
-        n = normalise(dict(r), _dialect(tmpl, messages))
-        row["normalisations"] = json.dumps(list(n.normalisations))
+        n = normalise(r if type(r) is dict else dict(r), pr.dialect)
+        if n.normalisations:    # else the row keeps its "[]"
+            row["normalisations"] = json.dumps(list(n.normalisations))
         out.counts["normalisations"].update(n.normalisations)
         if n.quarantine:
             out.quarantine(row, n.quarantine, r.get("failure_reason") or "")
@@ -97,23 +99,35 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
         completion = Completion(reasoning=c.reasoning, content=c.content,
                                 tool_calls=tuple(ToolCall(t.name, t.arguments, t.id) for t in c.tool_calls),
                                 truncated=c.truncated, think_closed=think_closed)
+        if pr.segments is None and pr.template_error is None:
+            try:
+                pr.segments = tmpl.render_prompt(pr.messages, pr.tools, setup.thinking)
+            except TemplateError as e:
+                pr.template_error = str(e)
+            else:
+                pr.plan = pieces.plan(pr.segments, pid)
+        if pr.template_error is not None:
+            out.quarantine(row, "template_error", pr.template_error)
+            continue
         try:
-            pseg = tmpl.render_prompt(messages, tools, setup.thinking)
             cseg = tmpl.render_completion(completion, setup.thinking)
         except TemplateError as e:
             out.quarantine(row, "template_error", str(e))
             continue
-        work.append((i, pseg, cseg, n))
+        work.append((i, pr, cseg, pieces.plan(cseg, pid), n))
 
-    # 2. Encode every text segment of the batch at once; specials by the contract's ids.
-    encoded = encode_segments_spans(setup.tok, [w[1] for w in work] + [w[2] for w in work],
-                                    setup.special_ids)
-    penc, cenc = encoded[:len(work)], encoded[len(work):]
+    # 2. Encode every distinct text of the batch at once; specials by the contract's ids.
+    pieces.encode(setup.tok)
 
     # 3. Prefix check (prefix.py): one special-parsing encode of every row's boundary.
     literal = prefix.added_tokens_pattern(setup.tok)
-    texts, at = prefix.windows([(w[1], w[2]) for w in work])
-    engine = prefix.encode_with_specials(setup.tok, texts)
+    windows, at = [], {}
+    for k, (_, pr, cseg, _, _) in enumerate(work):
+        w = prefix.window(pr.segments, cseg)
+        if w is not None:
+            at[k] = len(windows)
+            windows.append(w)
+    engine = prefix.encode_with_specials(setup.tok, windows)
 
     # Text is encoded by an ordinary encoder built without the added vocabulary, so no added
     # token's id can come out of it (tokenizers.py; fuzz-tested there). What can: a contract id
@@ -122,12 +136,15 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
     special_set = frozenset(i for i in setup.special_ids.values() if i not in added)
     marker_ids = m.all_ids
     vocab = setup.tok.vocab_size
-    for k, ((i, pseg, cseg, n), pe, ce) in enumerate(zip(work, penc, cenc)):
+    parts, n_special = pieces.pieces, pieces.n_special
+    for k, (i, pr, cseg, plan, n) in enumerate(work):
         r, row = responses[i], out.rows[i]
-        prompt_ids, text_ids = pe.ids, ce.ids
-        row["special_in_text"] = _special_in_text(pe, pseg, Text, special_set) or \
-            _special_in_text(ce, cseg, Text, special_set)
-        unstable = prefix.unstable(pseg, pe, engine[at[k]] if k in at else None, literal)
+        if pr.ids is None:
+            pr.finish(pieces, literal, special_set, m)
+        prompt_ids, text_ids = pr.ids, pieces.ids(plan)
+        row["special_in_text"] = pr.special_in_text or _special_in_text(plan, pieces, special_set)
+        unstable = pr.literal or (prefix.boundary_merge(prompt_ids, pr.last_len, engine[at[k]])
+                                  if k in at else None)
 
         reference, source = _reference(r, cseg, text_ids, m.end, setup, index, out, render_text)
         if reference is not None and reference and not 0 <= min(reference) <= max(reference) < vocab:
@@ -142,12 +159,11 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
         cmp = compare(text_ids, reference, setup.tok.token_bytes)
         out.counts["match"][cmp.match] += 1
 
-        seen = None
+        markers_seen = None
         if final is text_ids and not row["special_in_text"]:
-            # The render says where the specials are: no need to scan the ids for markers.
-            seen = [sid for sid in (setup.special_ids[s.name] for s in cseg if type(s) is not Text)
-                    if sid in marker_ids]
-        f = flags(final, prompt_ids, n.parts.truncated, m, seen)
+            # The plan says where the specials are: no need to scan the ids for markers.
+            markers_seen = [parts[x][0] for x in plan if x < n_special and parts[x][0] in marker_ids]
+        f = flags(final, prompt_ids, n.parts.truncated, m, markers_seen, pr.think_open)
         row.update(
             input_ids=prompt_ids + final, prompt_len=len(prompt_ids), completion_ids=final,
             loss_mask=[0] * len(prompt_ids) + [1] * len(final), method=method, match=cmp.match,
@@ -171,6 +187,42 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
         elif not f.tool_markers_balanced:
             out.quarantine(row, "tool_markers_unbalanced", method)
     return out
+
+
+class _Prompt:
+    """One prompt's share of the work, done once for all the responses to it: parsed (here),
+    rendered and planned (by the first response that gets that far), then its ids and prefix
+    verdict (`finish`, after the batch is encoded)."""
+
+    def __init__(self, p: Mapping[str, Any] | None, tmpl: Any):
+        self.bad: tuple[str, str] | None = None     # (quarantine reason, detail) for every response
+        self.messages = self.tools = self.dialect = None
+        self.segments: list | None = None
+        self.template_error: str | None = None
+        self.plan: list[int] | None = None
+        self.ids: list[int] | None = None
+        self.last_len = 0
+        self.literal: str | None = None
+        self.special_in_text = False
+        self.think_open = False
+        if p is None:
+            self.bad = ("prompt_missing", "not in the prompts table")
+            return
+        try:
+            self.messages = json.loads(p["messages"])
+            self.tools = json.loads(p["tools"]) if p.get("tools") else None
+        except json.JSONDecodeError as e:
+            self.bad = ("prompt_unparseable", str(e))
+            return
+        self.dialect = _dialect(tmpl, self.messages)
+
+    def finish(self, pieces: Any, literal: Any, special: frozenset[int], m: Markers) -> None:
+        self.ids = pieces.ids(self.plan)
+        self.think_open = prompt_think_open(self.ids, m)
+        last = self.plan[-1] if self.plan else None
+        self.last_len = len(pieces.pieces[last]) if last is not None and last >= pieces.n_special else 0
+        self.literal = prefix.literal_in_prompt(self.segments, literal)
+        self.special_in_text = _special_in_text(self.plan, pieces, special)
 
 
 # Columns settle_billing reads and writes: small enough to keep for every row of a large run.
@@ -258,12 +310,12 @@ def _reference(r: Mapping[str, Any], cseg: list, text_ids: list[int], end_id: in
     return ids, "logprobs"
 
 
-def _special_in_text(enc: Any, segs: list, Text: type, special: frozenset[int]) -> bool:
+def _special_in_text(plan: list[int], pieces: Any, special: frozenset[int]) -> bool:
+    # A text piece holding a contract id: each text's ids are its own piece of the plan.
     if not special:
         return False
-    ids = enc.ids
-    return any(type(s) is Text and not special.isdisjoint(ids[a:b])
-               for s, (a, b) in zip(segs, enc.spans))
+    parts, n = pieces.pieces, pieces.n_special
+    return any(k >= n and not special.isdisjoint(parts[k]) for k in plan)
 
 
 def _empty_row(r: Mapping[str, Any], p: Mapping[str, Any] | None) -> dict:

@@ -34,21 +34,27 @@ class Flags:
 
 
 def flags(completion: Sequence[int], prompt: Sequence[int], truncated: bool, m: Markers,
-          seen: Sequence[int] | None = None) -> Flags:
+          seen: Sequence[int] | None = None, think_open: bool | None = None) -> Flags:
     """`seen`: the completion's marker ids in order when the caller already knows them (a text
-    render: its Special segments); otherwise one pass over the ids finds them."""
+    render: its Special segments); otherwise one pass over the ids finds them. `think_open`:
+    `prompt_think_open(prompt, m)` when the caller has it (one prompt, many responses)."""
     if seen is None:
         wanted = m.all_ids
         seen = [i for i in completion if i in wanted]
     think_ok = True
     if m.think is not None:
-        # A generation prompt that prefills `<think>` leaves the completion inside the block.
-        depth = _depth(prompt, *m.think)
-        think_ok = balanced(seen, *m.think, start_open=depth == 1, truncated=truncated,
+        if think_open is None:
+            think_open = prompt_think_open(prompt, m)
+        think_ok = balanced(seen, *m.think, start_open=think_open, truncated=truncated,
                             implicit=m.think_implicit_close)
     tools_ok = all(balanced(seen, o, c, truncated=truncated) for o, c in m.tool_pairs)
     return Flags(ends_with_eos=bool(completion) and completion[-1] == m.end,
                  think_balanced=think_ok, tool_markers_balanced=tools_ok)
+
+
+def prompt_think_open(prompt: Sequence[int], m: Markers) -> bool:
+    # A generation prompt that prefills `<think>` leaves the completion inside the block.
+    return m.think is not None and _depth(prompt, *m.think) == 1
 
 
 def balanced(ids: Sequence[int], open_id: int, close_id: int, start_open: bool = False,

@@ -23,15 +23,13 @@ from draftgate.templates.base import Text
 HEAD_CHARS = 256
 
 
-def windows(work: list[tuple[list, list]]) -> tuple[list[str], dict[int, int]]:
-    """The boundary strings to encode, and row -> its position among them (rows with one)."""
-    texts, at = [], {}
-    for k, (pseg, cseg) in enumerate(work):
-        h = _head(cseg)
-        if h and pseg and type(pseg[-1]) is Text:
-            at[k] = len(texts)
-            texts.append(pseg[-1].text + h)
-    return texts, at
+def window(pseg: list, cseg: list) -> str | None:
+    """The boundary string to encode for one row: the prompt's last text and the completion's
+    head; None when a special token stands between them (nothing can merge across it)."""
+    if not pseg or type(pseg[-1]) is not Text:
+        return None
+    h = _head(cseg)
+    return pseg[-1].text + h if h else None
 
 
 def _head(cseg: list) -> str:
@@ -48,21 +46,26 @@ def encode_with_specials(tok: Any, texts: list[str]) -> list[list[int]]:
     return tok.encode_batch(texts) if texts else []
 
 
-def unstable(pseg: list, pe: Any, engine: list[int] | None, literal: Any) -> str | None:
-    """Why the engine's encoding of the conversation would not start with our prompt ids, or None."""
+def literal_in_prompt(pseg: list, literal: Any) -> str | None:
+    """Why the engine would read the prompt differently: its text holds an added token's string."""
     if literal is not None:
         for s in pseg:
             hit = type(s) is Text and literal.search(s.text)
             if hit:
                 return f"prompt text holds {hit.group()!r}, which the engine parses as one added token"
-    if engine is not None:
-        start = pe.spans[-1][0]
-        tail = pe.ids[start:]
-        if engine[:len(tail)] != tail:
-            j = first_difference(tail, engine)
-            return (f"the prompt's last text merges with the completion: ids from {start + j} are "
-                    f"{engine[j:j + 4]} in the whole string, {tail[j:j + 4]} in the prompt")
     return None
+
+
+def boundary_merge(prompt_ids: list[int], last_len: int, engine: list[int]) -> str | None:
+    """Why the engine's ids of the boundary window would not start with the prompt's last text's
+    ids (`last_len` of them, at the end of `prompt_ids`), or None."""
+    start = len(prompt_ids) - last_len
+    tail = prompt_ids[start:]
+    if engine[:len(tail)] == tail:
+        return None
+    j = first_difference(tail, engine)
+    return (f"the prompt's last text merges with the completion: ids from {start + j} are "
+            f"{engine[j:j + 4]} in the whole string, {tail[j:j + 4]} in the prompt")
 
 
 @functools.lru_cache(maxsize=8)
