@@ -1,0 +1,132 @@
+"""End to end: `dvc repro` on a throwaway copy of this repository, with the real stack.
+
+Small generation settings keep it to about a minute on 2 cores; everything else is the default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def copy_repo(dest: Path) -> Path:
+    """Copy what a fresh clone would hold (tracked + untracked, not ignored) into a new git repo."""
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    run(["git", "init", "-q"], dest)
+    run(["git", "add", "-A"], dest)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"], dest)
+    return dest
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}")
+    return out
+
+
+def set_params(repo: Path, **sections: dict) -> None:
+    path = repo / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for section, values in sections.items():
+        params[section].update(values)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def gate(repo: Path, name: str) -> dict:
+    return json.loads((repo / "data" / "gates" / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def small_repo(tmp_path_factory) -> Path:
+    repo = copy_repo(tmp_path_factory.mktemp("repo"))
+    set_params(repo, generate={"limit": 12, "max_tokens": 24})
+    # 24 new tokens truncate nearly every answer: fine for plumbing, not what the gate defaults expect.
+    gates = yaml.safe_load((repo / "params.yaml").read_text())["gates"]
+    gates["responses"]["max_length_rate"] = 1.0
+    set_params(repo, gates=gates)
+    return repo
+
+
+def test_repro_runs_every_stage_and_every_gate_passes(small_repo):
+    run(["dvc", "repro"], small_repo)
+    stages = yaml.safe_load((small_repo / "dvc.yaml").read_text())["stages"]
+    for name in (s.removeprefix("gate_") for s in stages if s.startswith("gate_")):
+        assert gate(small_repo, name)["success"] is True, name
+    assert (small_repo / "reports" / "data_docs" / "index.html").is_file()
+
+
+def test_repro_reconstructs_every_response_and_reports_the_text_methods_mismatch_rate(small_repo):
+    import pyarrow.parquet as pq
+
+    tokens = pq.read_table(small_repo / "data" / "tokens" / "tokens.parquet").to_pylist()
+    assert len(tokens) == 12
+    assert {t["method"] for t in tokens} == {"truth"}
+    assert all(t["quarantine_reason"] is None for t in tokens)
+    report = json.loads((small_repo / "metrics" / "mismatch.json").read_text())["datasets"]["all"]
+    assert report["rows"] == 12 and report["exact"] + report["bpe_only"] + report["semantic"] == 12
+
+
+def test_a_second_repro_is_a_no_op(small_repo):
+    out = run(["dvc", "repro"], small_repo)
+    assert "up to date" in out.stdout
+
+
+def test_a_corrupted_tokens_table_fails_its_gate(small_repo):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = small_repo / "data" / "tokens" / "tokens.parquet"
+    table = pq.read_table(path)
+    # Drop the end token from every kept completion: the tokens gate must notice.
+    ends = pa.array([False] * table.num_rows)
+    pq.write_table(table.set_column(table.schema.get_field_index("ends_with_eos"), "ends_with_eos", ends), path)
+    out = run(["dvc", "repro", "--single-item", "gate_tokens"], small_repo, check=False)
+    assert out.returncode != 0
+    assert gate(small_repo, "tokens")["success"] is False
+
+
+def test_a_wrong_configured_special_id_stops_the_pipeline_at_the_contract_gate(tmp_path):
+    repo = copy_repo(tmp_path)
+    # The seed run's bug in miniature: an id that is an ordinary token, configured for <|im_end|>.
+    tok = yaml.safe_load((repo / "params.yaml").read_text())["tokenizer"]
+    set_params(repo, tokenizer={**tok, "expected_ids": {"<|im_end|>": 1000}})
+    out = run(["dvc", "repro"], repo, check=False)
+    assert out.returncode != 0
+    assert gate(repo, "contract")["success"] is False
+    assert "expected" in json.dumps(json.loads((repo / "data" / "contract" / "contract.json").read_text()))
+    assert not (repo / "data" / "prompts").exists()
+
+
+def test_a_failed_gate_stops_repro_before_the_next_stage(tmp_path):
+    repo = copy_repo(tmp_path)
+    # One unusable record, and a gate that tolerates no rejects.
+    with open(repo / "data" / "raw" / "chat.jsonl", "a") as f:
+        f.write('{"messages": [{"role": "narrator", "content": "hi"}]}\n')
+    set_params(repo, gates={**yaml.safe_load((repo / "params.yaml").read_text())["gates"],
+                            "prompts": {"max_rejects_rate": 0.0, "min_heldout_fraction": 0.03,
+                                        "max_heldout_fraction": 0.25}})
+    out = run(["dvc", "repro"], repo, check=False)
+    assert out.returncode != 0
+    assert gate(repo, "prompts")["success"] is False
+    assert not (repo / "data" / "responses").exists()
