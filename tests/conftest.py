@@ -42,6 +42,6 @@ def smollm2_tok():
 @pytest.fixture(scope="session")
 def kimi_standin_tok(qwen3_tok):
     """Qwen3's BPE with Kimi-K2's special tokens at Kimi's real ids (<|im_end|> = 163586, ...)."""
-    from draftgate.tokenizers import kimi_standin
+    from standin import kimi_standin
 
     return kimi_standin(qwen3_tok)
