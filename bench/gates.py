@@ -1,11 +1,21 @@
 """Benchmark: a tokens-style gate (9 checks, 100k rows) through draftgate vs one DuckDB query.
 
-    .venv/bin/python bench/gates.py [--rows 100000] [--repeats 7]
+    .venv/bin/python bench/gates.py [--rows 100000] [--repeats 7] [--rounds 3]
 
-Prints a table and writes bench/results/gates.json. Baselines run in the same process on the
-same file, so the ratios hold on a busy machine even when the absolute times drift.
-Targets: gate validation (load + GX, after imports) <= 3x DuckDB's; a whole `draftgate validate`
-process (start to exit, Data Docs included) <= 10 s.
+Prints a table and writes bench/results/gates.json. Baselines run in the same run on the same
+file, so the ratios hold on a busy machine even when the absolute times drift.
+Targets: gate validation (after imports: reading the artifact + GX to the verdict) <= 3x DuckDB's
+(its query reads the same file); a whole `draftgate validate` process (start to exit, Data Docs
+included) <= 10 s.
+
+What each side's "after imports" covers. DuckDB: the query (reading the Parquet file included),
+not `import duckdb` nor `duckdb.connect()`. Gate: reading and converting the suite's columns
+(load_s) + building the GX context, suite, batch and validator and running the validation to
+GX's ExpectationSuiteValidationResult (gx_s); not the imports (pandas, pyarrow, GX), not reading
+params.yaml for $PARAMETER, not the artifact's sha256 (a thread that overlaps the GX import), and
+not the Data Docs (docs_s, reported on its own). DuckDB computes the same nine figures with the
+cheapest natural SQL (count - count(DISTINCT) for the unique check), so the baseline is not
+slowed to flatter the gate.
 """
 
 from __future__ import annotations
@@ -98,6 +108,15 @@ print(json.dumps({"times": times, "success": ok}))
 """
 
 
+def same_figures(duck: dict, entries: list[dict]) -> bool:
+    """The query computes what GX reports, check by check (the unique check: both zero or not)."""
+    counts = {"null_ids": 0, "bad_method": 2, "bad_match": 3, "bad_n": 4, "quarantined": 6}
+    values = {"mean_delta": 5, "exact_fraction": 7, "delta_rate": 8}
+    return (all(duck[k] == entries[i]["unexpected_count"] for k, i in counts.items())
+            and all(abs(float(duck[k]) - entries[i]["observed_value"]) < 1e-9 for k, i in values.items())
+            and (duck["dup_ids"] == 0) == (entries[1]["unexpected_count"] == 0))
+
+
 def make_table(path: Path, rows: int) -> None:
     import numpy as np
     import pyarrow as pa
@@ -144,16 +163,17 @@ DUCKDB_COLD = r"""
 import json, sys, time
 import duckdb
 con = duckdb.connect()
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 con.execute(sys.argv[1], [sys.argv[2]]).fetchall()
-print(json.dumps(time.perf_counter() - t0))
+print(json.dumps([time.perf_counter() - t0, time.process_time() - c0]))
 """
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=7, help="warm runs of each side")
+    ap.add_argument("--rounds", type=int, default=3, help="fresh processes of each kind")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gates.json"))
     args = ap.parse_args(argv)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -169,44 +189,60 @@ def main(argv: list[str] | None = None) -> int:
         suite_path.write_text(json.dumps(SUITE))
         params.write_text(PARAMS)
 
-        # 1. Real gate processes, as `dvc repro` runs them: one gate per process, phases from --timings.
+        # 1. Real gate processes, as `dvc repro` runs them (one gate per process, phases from
+        # --timings), interleaved with fresh DuckDB processes so both sides share the machine's
+        # load of the moment.
         cmd = [sys.executable, "-m", "draftgate", "validate", str(suite_path), str(data), "--params", str(params),
                "--result", str(tmp / "r.json"), "--timings", str(tmp / "t.json")]
         procs = {"no_docs": [], "docs": []}
-        for kind in ["no_docs", "docs"] * 3:
-            t0, cpu0 = time.perf_counter(), _children_cpu()
-            done = subprocess.run(cmd + (["--no-docs"] if kind == "no_docs" else ["--docs", str(tmp / "docs")]),
-                                  env=env, cwd=tmp, capture_output=True, text=True)
-            if done.returncode != 0:
-                print(done.stdout, done.stderr, file=sys.stderr)
-                return 1
-            procs[kind].append({"wall_s": time.perf_counter() - t0, "cpu_s": _children_cpu() - cpu0,
-                                **json.loads((tmp / "t.json").read_text())})
-        duck_cold = [json.loads(python("-c", DUCKDB_COLD, DUCKDB_SQL, str(data))) for _ in range(3)]
+        duck_cold, duck_cold_cpu = [], []
+        for _ in range(args.rounds):
+            for kind in ("no_docs", "docs"):
+                t0, cpu0 = time.perf_counter(), _children_cpu()
+                done = subprocess.run(cmd + (["--no-docs"] if kind == "no_docs" else ["--docs", str(tmp / "docs")]),
+                                      env=env, cwd=tmp, capture_output=True, text=True)
+                if done.returncode != 0:
+                    print(done.stdout, done.stderr, file=sys.stderr)
+                    return 1
+                procs[kind].append({"wall_s": time.perf_counter() - t0, "cpu_s": _children_cpu() - cpu0,
+                                    **json.loads((tmp / "t.json").read_text())})
+            wall, cpu = json.loads(python("-c", DUCKDB_COLD, DUCKDB_SQL, str(data)))
+            duck_cold.append(wall)
+            duck_cold_cpu.append(cpu)
         t0 = time.perf_counter()
         python("-c", "import great_expectations")
         gx_import = time.perf_counter() - t0
         naive = json.loads(python("-c", NAIVE_GX, str(data), str(suite_path), str(ROOT), "4"))
 
-        # 2. Warm, in this process: the same gate again and again, and DuckDB again and again.
+        # 2. Warm, in this process: DuckDB's query again and again, then the same gate again and
+        # again, twice over. Each side runs in a block of its own: right after a gate, DuckDB's
+        # query measured ~10-40% slower (and the gate slower after DuckDB's threads), which would
+        # flatter the ratio.
         import duckdb
 
         from draftgate import gates
         from draftgate.io import write_json
 
         con = duckdb.connect()
-        duck, duck_ok = [], None
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            row = con.execute(DUCKDB_SQL, [str(data)]).fetchall()[0]
-            duck.append(time.perf_counter() - t0)
-            duck_ok = bool(row[-1])
         suite = gates.load_suite(suite_path)
         inputs = [gates.Input("tokens", str(data))]
-        warm = [gates.run_gate(suite, inputs, params_path=str(params)) for _ in range(args.repeats + 1)][1:]
+        gates.run_gate(suite, inputs, params_path=str(params))  # imports GX, first calls
+        duck, duck_cpu, duck_ok, warm = [], [], None, []
+        for block in range(2):
+            for _ in range(args.repeats):
+                t0, c0 = time.perf_counter(), time.process_time()
+                cur = con.execute(DUCKDB_SQL, [str(data)])
+                row = cur.fetchall()[0]
+                duck.append(time.perf_counter() - t0)
+                duck_cpu.append(time.process_time() - c0)
+                duck_ok, duck_figures = bool(row[-1]), dict(zip([d[0] for d in cur.description], row))
+            warm += [gates.run_gate(suite, inputs, params_path=str(params)) for _ in range(args.repeats)]
 
-    def validation(t: dict) -> float:   # after imports, to the verdict: read + GX
+    def validation(t: dict) -> float:   # after imports, to the verdict: read + GX (Data Docs apart)
         return t["load_s"] + t["gx_s"]
+
+    def validation_cpu(t: dict) -> float:   # the same window in CPU seconds of all threads
+        return t["load_cpu_s"] + t["gx_cpu_s"]
 
     proc_val = [validation(t) for t in procs["no_docs"]]
     proc_docs = [validation(t) for t in procs["docs"]]
@@ -219,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         "duckdb_first_query_in_process": summary(duck_cold),
         "gate_process_validation": summary(proc_val),
         "gate_process_phases_median": {k: statistics.median(t[k] for t in procs["no_docs"]) for k in phases},
-        "gate_process_docs_cost_median_s": statistics.median(proc_docs) - statistics.median(proc_val),
+        "gate_process_docs_cost_median_s": statistics.median(t["docs_s"] for t in procs["docs"]),
         "gate_warm_validation": summary(warm_val),
         "gate_warm_phases_median": {k: statistics.median(r.timings[k] for r in warm) for k in phases},
         "naive_gx_warm": summary(naive["times"][1:]) | {"first_s": naive["times"][0]},
@@ -228,9 +264,18 @@ def main(argv: list[str] | None = None) -> int:
         "process_wall_docs": summary([t["wall_s"] for t in procs["docs"]]),
         "process_cpu_docs": summary([t["cpu_s"] for t in procs["docs"]]),
         "agree": {"duckdb": duck_ok, "gate": warm[0].success, "naive_gx": naive["success"]},
+        "figures_agree": same_figures(duck_figures, warm[0].result["expectations"]),
     }
     results["ratio_process"] = min(proc_val) / min(duck_cold)
+    results["ratio_process_median"] = statistics.median(proc_val) / statistics.median(duck_cold)
+    results["ratio_process_docs_mode"] = min(proc_docs) / min(duck_cold)
     results["ratio_warm"] = min(warm_val) / min(duck)
+    results["ratio_warm_median"] = statistics.median(warm_val) / statistics.median(duck)
+    # CPU seconds (all threads, both sides) barely move with other processes' load, which on this
+    # shared 2-core machine swings the wall-time ratios by +-30% from run to run.
+    results["cpu_ratio_process"] = (statistics.median(validation_cpu(t) for t in procs["no_docs"])
+                                    / statistics.median(duck_cold_cpu))
+    results["cpu_ratio_warm"] = statistics.median(validation_cpu(r.timings) for r in warm) / statistics.median(duck_cpu)
     results["ratio_naive_gx_warm"] = results["naive_gx_warm"]["min_s"] / min(duck)
     results["targets"] = {"ratio_process_le_3": results["ratio_process"] <= 3.0,
                           "ratio_warm_le_3": results["ratio_warm"] <= 3.0,
@@ -240,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         ("DuckDB query, first in a fresh process", duck_cold, min(duck_cold)),
         ("gate process: read + GX validate", proc_val, min(duck_cold)),
         *((f"  of which {k[:-2]}", [t[k] for t in procs["no_docs"]], min(duck_cold)) for k in phases),
-        ("gate process: read + GX validate + Data Docs", proc_docs, min(duck_cold)),
+        ("gate process, Data Docs mode: read + GX validate", proc_docs, min(duck_cold)),
+        ("  then storing the result + Data Docs", [t["docs_s"] for t in procs["docs"]], min(duck_cold)),
         ("DuckDB query, warm", duck, min(duck)),
         ("gate warm (same process again): read + GX", warm_val, min(duck)),
         *((f"  of which {k[:-2]}", [r.timings[k] for r in warm], min(duck)) for k in phases),
@@ -256,11 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     for label, times, base in rows:
         ratio = f"{min(times) / base:9.1f}" if base else ""
         print(f"{label:46s} {min(times):8.3f} {statistics.median(times):9.3f} {ratio}")
-    print(f"verdicts agree: {results['agree']}; targets: {results['targets']}")
+    print(f"ratios min/min (median/median): process {results['ratio_process']:.2f} "
+          f"({results['ratio_process_median']:.2f}), warm {results['ratio_warm']:.2f} ({results['ratio_warm_median']:.2f}); "
+          f"CPU seconds, median/median: process {results['cpu_ratio_process']:.2f}, warm {results['cpu_ratio_warm']:.2f}")
+    print(f"verdicts agree: {results['agree']}; DuckDB's figures = GX's observed values: {results['figures_agree']}; "
+          f"targets: {results['targets']}")
     out = Path(args.out)
     write_json(out, results)
     print(f"wrote {out}")
-    return 0 if all(results["agree"].values()) else 1
+    return 0 if all(results["agree"].values()) and results["figures_agree"] else 1
 
 
 if __name__ == "__main__":

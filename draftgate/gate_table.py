@@ -140,26 +140,6 @@ def fingerprints(loaded: Loaded) -> Future:
     return job
 
 
-def small_page_pool() -> None:
-    """Give Arrow jemalloc's 4 KB pages instead of its default mimalloc, unless the user chose a pool.
-
-    mimalloc takes fresh memory as 2 MB transparent huge pages (68 MB of them after reading a
-    100k-row tokens table and hashing its ids). A gate is a fresh process, so every page is
-    touched for the first time: on this VM the huge-page faults cost 35-100 ms of kernel time per
-    gate and varied wildly, jemalloc's small pages 10-16 ms (bench/gates.py, 100k rows).
-    """
-    import os
-
-    import pyarrow as pa
-
-    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") or pa.default_memory_pool().backend_name != "mimalloc":
-        return
-    try:
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
-    except NotImplementedError:  # a pyarrow built without jemalloc: the system allocator also uses small pages
-        pa.set_memory_pool(pa.system_memory_pool())
-
-
 def load_table(inputs: list[Input], *, table_key: str | None = None, view: str | None = None,
                wanted: set[str] | None = None, all_names: bool = False, where: str = "suite") -> Loaded:
     """The validated table: the first input (or `view` over all inputs), only `wanted` columns.
@@ -167,7 +147,6 @@ def load_table(inputs: list[Input], *, table_key: str | None = None, view: str |
     `all_names`: every column of the table appears (unread ones as null placeholders), for the
     table-level checks that compare column names.
     """
-    small_page_pool()
     files_of = [input_files(inp) for inp in inputs]
     facts = [{"name": inp.name, "path": inp.path} for inp in inputs]
     if view is None and len(inputs) == 1 and files_of[0][0].suffix.lower() == ".parquet":

@@ -418,6 +418,132 @@ def test_gx_tuning_skips_only_work_that_cannot_change_a_result():
     assert gx_util.does_ndarray_contain_decimal_dtype(np.array([1.0, decimal.Decimal("2")], dtype=object)) is True
 
 
+# A suite that exercises every kind of GX result the gate reports: map checks failing with
+# samples, passing ones, aggregates, custom expectations, a row count, a missing column.
+EQUIVALENCE_SUITE = [
+    ("expect_column_values_to_not_be_null", {"column": "prompt_id"}),
+    ("expect_column_values_to_be_unique", {"column": "prompt_id"}),
+    ("expect_column_values_to_be_in_set", {"column": "match", "value_set": ["exact", "bpe_only"]}),
+    ("expect_column_values_to_be_in_set", {"column": "method", "value_set": ["truth", "text"], "mostly": 0.5}),
+    ("expect_column_values_to_be_between", {"column": "n_completion", "min_value": 1, "max_value": 4096}),
+    ("expect_column_mean_to_be_between", {"column": "billing_delta", "min_value": -1, "max_value": 1}),
+    ("expect_column_values_to_be_null", {"column": "quarantine_reason"}),
+    ("expect_column_value_fraction_between", {"column": "match", "value": "exact", "min_value": 0.5}),
+    ("expect_column_sum_ratio_between", {"column": "billing_delta", "denominator_column": "billed_completion_tokens",
+                                         "absolute": True, "max_value": 0.0004}),
+    ("expect_table_row_count_to_be_between", {"min_value": 1}),
+    ("expect_column_values_to_not_be_null", {"column": "no_such_column"}),
+    # the other kinds the pipeline's suites (expectations/*.json) use
+    ("expect_column_values_to_match_regex", {"column": "prompt_id", "regex": "^p[0-9]$"}),
+    ("expect_column_values_to_not_be_in_set", {"column": "method", "value_set": ["logprobs"]}),
+    ("expect_column_values_to_be_json_parseable", {"column": "messages"}),
+    ("expect_column_values_json_roles_valid", {"column": "messages", "last_roles": ["user"]}),
+    ("expect_column_max_to_be_between", {"column": "n_completion", "max_value": 100}),
+    ("expect_column_min_to_be_between", {"column": "n_completion", "min_value": 0}),
+    ("expect_column_pair_values_to_be_equal", {"column_A": "n_completion", "column_B": "n_billed"}),
+    ("expect_table_columns_to_match_set", {"column_set": ["prompt_id", "match"], "exact_match": False}),
+]
+
+
+def equivalence_table(tmp_path) -> Path:
+    n = 200
+    return write_parquet(tmp_path / "t.parquet", {
+        "prompt_id": [None if i == 7 else f"p{i % 190}" for i in range(n)],    # a null, 10 duplicated ids
+        "match": ["exact"] * 150 + ["bpe_only"] * 40 + ["semantic"] * 10,
+        "method": ["truth", "text", "logprobs", None] * (n // 4),
+        "n_completion": [0 if i % 50 == 0 else 10 + i for i in range(n)],
+        "billing_delta": [3 if i < 90 else 0 for i in range(n)],
+        "billed_completion_tokens": [100] * n,
+        "quarantine_reason": [None] * (n - 1) + ["empty_completion"],
+        "messages": ['[{"role": "user", "content": "q"}]', '[{"role": "bot"}]', "{", None] * (n // 4),
+        "n_billed": [0 if i % 50 == 0 else 10 + i + (i % 7 == 0) for i in range(n)],
+    })
+
+
+def by_config(validation) -> dict:
+    """Each result keyed by its expectation (type + kwargs, without GX's batch_id)."""
+    out = {}
+    for r in validation.results:
+        kwargs = {k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"}
+        out[(r.expectation_config.type, json.dumps(kwargs, sort_keys=True))] = r
+    return out
+
+
+def test_the_gates_validation_path_gives_gx_plain_paths_verdicts_and_observed_values(tmp_path):
+    import great_expectations as gx
+
+    from draftgate import gate_table, gx_run
+
+    gx_run.tune()
+    specs = [gates.ExpectationSpec(t, kw) for t, kw in EQUIVALENCE_SUITE]
+    frame = gate_table.load_table([gates.Input("t", str(equivalence_table(tmp_path)))]).frame
+    # GX's documented path: a registered suite, datasource and ValidationDefinition, run as is.
+    context = gx.get_context(mode="ephemeral")
+    suite = context.suites.add(gx.ExpectationSuite(name="plain", expectations=[gx_run.build_expectation(s) for s in specs]))
+    batch = context.data_sources.add_pandas("p").add_dataframe_asset("t").add_batch_definition_whole_dataframe("w")
+    definition = context.validation_definitions.add(gx.ValidationDefinition(name="plain", data=batch, suite=suite))
+    plain = definition.run(batch_parameters={"dataframe": frame}, result_format=gates.RESULT_FORMAT)
+
+    fast = gx_run.validate(gx_run.make_context(None), "fast", [gx_run.build_expectation(s) for s in specs], frame,
+                           asset="t", docs=False, result_format=gates.RESULT_FORMAT).validation
+
+    assert type(fast) is type(plain) and fast.success is plain.success is False
+    assert fast.statistics == plain.statistics and plain.statistics["unsuccessful_expectations"] == 14
+    plain_results, fast_results = by_config(plain), by_config(fast)
+    assert plain_results.keys() == fast_results.keys() and len(plain_results) == len(specs)
+    for key, p in plain_results.items():
+        f = fast_results[key]
+        assert (f.success, f.result) == (p.success, p.result), key
+        assert gates.exception_messages(f.exception_info) == gates.exception_messages(p.exception_info), key
+        spec = gates.ExpectationSpec(key[0], json.loads(key[1]))
+        assert gates.expectation_entry(spec, f) == gates.expectation_entry(spec, p), key
+    unique = plain_results[("expect_column_values_to_be_unique", '{"column": "prompt_id"}')]
+    assert unique.result["unexpected_count"] == 18 and unique.result["partial_unexpected_list"][:2] == ["p0", "p1"]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"batch_id": "p-t", "column": "x", "row_condition": None, "condition_parser": None, "table": None},
+    {"value_set": ["a", "b", None], "mostly": 0.5, "strict": True, "n": 3},
+    {"min_value": 1.5, "max_value": float("nan"), "column": "x"},       # NaN: GX's own path
+    {"result_format": {"result_format": "BASIC", "partial_unexpected_count": 5}, "t": ("a", 1)},
+    {"include_config": True, "catch_exceptions": False, "x": 10**20},
+    {"only": "one key"},
+    {},
+])
+def test_fast_metric_ids_are_gx_metric_ids(kwargs):
+    from great_expectations.core.id_dict import IDDict
+
+    from draftgate import gx_run
+
+    plain = IDDict(kwargs).to_id()
+    with gx_run.fast_internals():
+        fast = IDDict(kwargs).to_id()
+    assert fast == plain
+
+
+def test_memoised_configurations_and_expectations_equal_gx_ones_and_the_patches_end_with_the_block():
+    from great_expectations.core.id_dict import IDDict
+    from great_expectations.expectations.expectation import Expectation
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    from draftgate import gx_run
+
+    before = (Expectation.__dict__["configuration"], ExpectationConfiguration.__dict__["to_domain_obj"],
+              IDDict.__dict__["to_id"])
+    e = gx_run.build_expectation(gates.ExpectationSpec("expect_column_values_to_be_in_set",
+                                                       {"column": "m", "value_set": ["a", "b"]}, {"why": "x"}))
+    plain_config = e.configuration
+    plain_expectation = plain_config.to_domain_obj()
+    with gx_run.fast_internals():
+        config, config_again = e.configuration, e.configuration
+        expectation, expectation_again = plain_config.to_domain_obj(), plain_config.to_domain_obj()
+    assert config == plain_config and config_again is config
+    assert expectation == plain_expectation and expectation_again is expectation
+    assert e.configuration is not config and plain_config.to_domain_obj() is not expectation  # GX's own again
+    assert (Expectation.__dict__["configuration"], ExpectationConfiguration.__dict__["to_domain_obj"],
+            IDDict.__dict__["to_id"]) == before
+
+
 def test_a_crash_inside_gx_is_no_verdict_exit_2_with_the_error_in_the_result(tmp_path, tokens, monkeypatch, capsys):
     from draftgate import gx_run
 
