@@ -364,3 +364,38 @@ def test_prompt_ids_returned_by_the_backend_must_equal_the_rendered_prompts(qwen
     row, res = one(qwen3_tok, setup, response(content="Hi", prompt_token_ids=served[:-4]), prompt())
     assert row["quarantine_reason"] == "prompt_ids_differ"
     assert "differ from the rendered prompt's at" in res.examples["prompt_ids_differ"][0]
+
+
+# ---------------------------------------------------------------- one prompt, many responses
+
+def test_responses_sharing_a_prompt_get_the_rows_they_would_get_one_at_a_time(qwen3_tok, monkeypatch):
+    setup = setup_for(qwen3_tok, "qwen3", True)
+    prompts = {**prompt("a", tools=[ADD_TOOL]), **prompt("b", content="Use <think> tags")}
+    rows = [response("a", content="5", reasoning="sum"), response("b", content="x", reasoning="r"),
+            response("a", content="", reasoning="call", tool_calls=[call("add", ODD_ARGS, "c")],
+                     finish="tool_calls"),
+            response("a", content="6", reasoning="again", truth=[1, 2]), response("zz", content="?")]
+    alone = [reconstruct([r], prompts, setup).rows[0] for r in rows]
+    rendered = []
+    real = setup.template.render_prompt
+    monkeypatch.setattr(setup.template, "render_prompt", lambda *a: rendered.append(1) or real(*a))
+    together = reconstruct(rows, prompts, setup)
+    assert together.rows == alone
+    assert len(rendered) == 2           # "a" three times, "b" once, "zz" missing: two renders
+    assert [r["quarantine_reason"] for r in alone] == [None, "prefix_unstable", None, "no_end_token",
+                                                       "prompt_missing"]
+
+
+def test_split_rows_carry_the_prompt_ids_that_joined_rows_put_in_front_of_the_completion(qwen3_tok):
+    from draftgate.reconstruct.core import PROMPT_IDS
+
+    setup = setup_for(qwen3_tok, "qwen3", True)
+    prompts = prompt("a", tools=[ADD_TOOL])
+    rows = [response("a", content="5", reasoning="sum"), response("a", content="x", truth=[7, 8])]
+    joined = reconstruct(rows, prompts, setup).rows
+    split = reconstruct(rows, prompts, setup, joined=False).rows
+    for j, s in zip(joined, split):
+        assert s[PROMPT_IDS] + s["completion_ids"] == j["input_ids"]
+        assert (s["input_ids"], s["loss_mask"]) == (None, None)
+        assert {k: v for k, v in s.items() if k not in (PROMPT_IDS, "input_ids", "loss_mask")} == \
+            {k: v for k, v in j.items() if k not in ("input_ids", "loss_mask")}

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from draftgate.reconstruct.flags import Markers, balanced, flags
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from draftgate.reconstruct.flags import Markers, balanced, flags, prompt_think_open
 
 END, THINK, END_THINK, CALL, END_CALL, SECTION = 900, 901, 902, 903, 904, 905
 M = Markers(end=END, think=(THINK, END_THINK), tool_pairs=((CALL, END_CALL),))
@@ -41,3 +44,14 @@ def test_kimis_tool_section_may_close_the_think_block_implicitly():
 
 def test_balanced_without_markers_is_trivially_true():
     assert balanced([1, 2, 3], THINK, END_THINK)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, THINK, END_THINK, END]), max_size=12))
+def test_the_prompts_think_state_is_set_by_its_last_think_marker(prompt):
+    last = next((i for i in reversed(prompt) if i in (THINK, END_THINK)), None)
+    assert prompt_think_open(prompt, M) is (last == THINK)
+    # Handing flags the state it would compute changes nothing.
+    completion = [1, END_THINK, 2, END]
+    assert flags(completion, prompt, False, M, think_open=prompt_think_open(prompt, M)) == \
+        flags(completion, prompt, False, M)

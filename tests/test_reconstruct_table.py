@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pytest
 
 from draftgate import schema
 from draftgate.reconstruct.core import Setup
@@ -72,3 +73,68 @@ def test_the_report_counts_per_dataset_and_the_mismatch_rate_only_where_truth_is
     assert report["datasets"]["b"]["exact"] == 3 and report["datasets"]["all"]["rows"] == 5
     assert report["datasets"]["a"]["mismatch_rate"] == 0.0
     assert [r["dataset"] for r in plot_rows(report)] == ["a", "b", "all"]
+
+
+def test_split_rows_make_the_same_table_as_joined_rows(qwen3_tok):
+    from draftgate.reconstruct.core import reconstruct
+
+    responses, prompts = tables(qwen3_tok, n=6)
+    rows = responses.to_pylist()
+    rows[2]["status"] = "error"                           # quarantined before it has ids: null lists
+    rows[3]["truth_ids"] = [qwen3_tok.vocab_size + 1]     # quarantined on its truth ids: null lists
+    rows[4]["truth_ids"] = qwen3_tok.encode("Other text.<|im_end|>")   # truth differs from the text
+    prompt_rows = {p["prompt_id"]: p for p in prompts.to_pylist()}
+    joined = to_arrow(reconstruct(rows, prompt_rows, setup(qwen3_tok)).rows)
+    split = to_arrow(reconstruct(rows, prompt_rows, setup(qwen3_tok), joined=False).rows)
+    assert split.equals(joined)
+    assert joined.column("input_ids").null_count == 2
+    assert joined.column("match").to_pylist()[4] == "semantic"
+
+
+def test_to_arrow_refuses_rows_that_are_neither_joined_nor_split():
+    from draftgate.reconstruct.core import PROMPT_IDS
+
+    row = {f.name: None for f in schema.tokens()}
+    row.update(prompt_id="a", completion_ids=[3], prompt_len=1, **{PROMPT_IDS: [1]})
+    half = dict(row, **{"prompt_id": "b", PROMPT_IDS: None})
+    with pytest.raises(ValueError, match=r"rows \['b'\] are neither joined nor split"):
+        to_arrow([row, half])
+
+
+def test_the_cyclic_collector_is_paused_during_the_run_and_left_as_it_was(qwen3_tok, monkeypatch):
+    import gc
+
+    from draftgate.reconstruct import table as t
+
+    seen = []
+    real = t.reconstruct
+    monkeypatch.setattr(t, "reconstruct", lambda *a, **k: seen.append(gc.isenabled()) or real(*a, **k))
+    responses, prompts = tables(qwen3_tok)
+    assert gc.isenabled()
+    reconstruct_table(responses, prompts, setup(qwen3_tok))
+    assert gc.isenabled() and seen == [False]
+    gc.disable()
+    try:
+        reconstruct_table(responses, prompts, setup(qwen3_tok))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_bytes_index_is_built_for_logprobs_rows_without_truth_and_only_then(qwen3_tok, monkeypatch):
+    from draftgate.reconstruct import table as t
+
+    built = []
+    real = t.BytesIndex
+    monkeypatch.setattr(t, "BytesIndex", lambda *a: built.append(1) or real(*a))
+    responses, prompts = tables(qwen3_tok, n=3)
+    ids = qwen3_tok.encode("Answer number 1.")
+    logprobs = json.dumps({"content": [{"token": "x", "logprob": -0.1, "bytes": list(qwen3_tok.token_bytes(i)),
+                                        "top_logprobs": []} for i in ids]})
+    rows = responses.to_pylist()
+    rows[0]["logprobs"], rows[2]["logprobs"] = logprobs, ""      # row 0 has truth ids; row 2's are empty
+    table, _, _ = reconstruct_table(pa.Table.from_pylist(rows, schema=schema.responses()), prompts, setup(qwen3_tok))
+    assert built == [] and table.column("method").to_pylist() == ["truth", "text", "truth"]
+    rows[1]["logprobs"] = logprobs                                  # row 1 has none: the index is needed
+    table, _, _ = reconstruct_table(pa.Table.from_pylist(rows, schema=schema.responses()), prompts, setup(qwen3_tok))
+    assert built == [1] and table.column("method").to_pylist() == ["truth", "logprobs", "truth"]

@@ -381,6 +381,46 @@ def test_text_boundaries_merge_so_merge_text_joins_adjacent_text(qwen3_tok):
     assert encode_segments(qwen3_tok, [[Text("foobar")]], {}) == [[50267]]
 
 
+def test_pieces_encode_each_distinct_text_once_and_join_to_the_same_ids_as_encode_segments(qwen3_tok):
+    from draftgate.templates.encode import Pieces
+
+    calls = []
+
+    class Counting:
+        def encode_ordinary_batch(self, texts):
+            calls.append(list(texts))
+            return qwen3_tok.encode_ordinary_batch(texts)
+
+    t = get_template("qwen3")
+    ids = special_ids(qwen3_tok, t)
+    # Rows that share text: the generation prefix, role headers, one prompt asked twice.
+    batch = [t.render_prompt([{"role": "user", "content": f"Q{i % 3} <|im_end|> stays text"}], [ADD_TOOL], True)
+             for i in range(6)]
+    batch += [t.render_completion(Completion(f"r{i % 2}", LITERAL, TWO_CALLS[:i % 3]), True) for i in range(6)]
+    pieces = Pieces(ids)
+    plans = [pieces.plan(segs, k) for k, segs in enumerate(batch)]
+    pieces.encode(Counting())
+    texts = [s.text for segs in batch for s in segs if type(s) is Text]
+    assert len(calls) == 1 and sorted(calls[0]) == sorted(set(texts)) and len(calls[0]) < len(texts)
+    assert [pieces.ids(plan) for plan in plans] == encode_segments(qwen3_tok, batch, ids)
+
+
+def test_pieces_refuse_a_special_missing_from_the_contract_and_text_planned_after_encoding(qwen3_tok):
+    from draftgate.templates.encode import Pieces
+
+    segs = get_template("qwen3").render_completion(Completion("r", "c"), True)
+    with pytest.raises(MissingSpecialError, match=r"'</think>' \(row p7\) has no id"):
+        Pieces({"<think>": 1, "<|im_end|>": 2}).plan(segs, "p7")
+    pieces = Pieces({})
+    pieces.plan([Text("a")])
+    pieces.encode(qwen3_tok)
+    assert pieces.plan([Text("a")]) == [0]          # known text: its piece is there
+    with pytest.raises(RuntimeError, match="planned after encode"):
+        pieces.plan([Text("b")])
+    with pytest.raises(TypeError, match="neither Text nor Special"):
+        pieces.plan(["raw string"])
+
+
 # ---------------------------------------------------------------- chatml == the GGUF's own Jinja
 
 PIECES = ["Hello", " world", "\n", "\n\n", "  ", "é", "日本", "x = (", "))", "{\"a\": 1}", "<", "|", ">",

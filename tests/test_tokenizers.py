@@ -366,3 +366,135 @@ def test_a_kimi_style_regex_with_class_intersections_converts_exactly():
     corpus = fuzz_corpus(2000, seed=13) + ["日本語のテキストと中文混合 HelloWorld", "CamelCaseWORDS I'M 12345"]
     assert [e.ids for e in core.encode_batch_fast(corpus, add_special_tokens=False)] == [
         enc.encode_ordinary(t) for t in corpus]
+
+
+# ---------------------------------------------------------------- NFC quick check (the fast path)
+
+# Text where NFC acts, or where Python's Unicode tables (14.0) and the Rust normaliser's (9.0)
+# differ: marks of many classes, some Rust does not know (U+1DF6 is Unicode 10, U+10D24 11,
+# U+1E130 12, U+10EAB 13, U+1DFA and U+0898 14), compositions and their parts, singletons
+# (U+212B, U+2126), exclusions (U+0958, U+2ADC), CJK compatibility ideographs, Hangul jamo and
+# syllables, Indic/Tibetan/Balinese two-part vowels, characters newer than Python's tables,
+# noncharacters, emoji sequences.
+NFC_HAZARDS = list(
+    "eaoAKnu\u0301\u0308\u0302\u0300\u0323\u0316\u0345\u031b\u0334\u0327\u05b0\u0e38\u0e48\u0f71"
+    "\u0f72\u0f74\u0f73\u0f75\u0f81\u0344\u0340\u0341\u0958\u093c\u0915\u2adc\u0338\u212b\u2126"
+    "\u00c5\u00e9\uf900\uf9ff\u1100\u1161\u11a8\uac00\uac01\u0bca\u0bbe\u0bc6\u0b47\u0b3e\u1b05\u1b35"
+    "\u1df6\u1dfa\u0898\u1ab0\u0818\u2de0\u08e3\ufb1d\u05b4\u3099\u304b\u309a\u0627\u0653"
+    "\U00010d24\U0001e130\U00010eab\U0001e944\U0001e4ec\U00010efd\u0897\U0001e5ee\ufffe\U000e0100"
+    "\u200d\u200b\ufeff ") + ["🤖", "👩🏽‍💻", "日本", "ǅ", "ﬁ", "１"]
+
+
+def _rust_nfc(text):
+    from tokenizers.normalizers import NFC
+
+    return NFC().normalize_str(text)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(NFC_HAZARDS), st.characters(exclude_categories=("Cs",))),
+                max_size=24).map("".join))
+def test_the_nfc_quick_check_lets_through_only_text_the_tokenizers_normaliser_leaves_unchanged(text):
+    from draftgate.tokenizers import _nfc_quick_check
+
+    fast = text if text.isascii() or _nfc_quick_check()(text) else _rust_nfc(text)
+    assert fast == _rust_nfc(text)
+
+
+def test_the_nfc_quick_check_skips_normalised_non_ascii_text_and_stops_at_the_rest():
+    from draftgate.tokenizers import _nfc_quick_check
+
+    quick = _nfc_quick_check()
+    # Not vacuous: these skip the Rust normaliser (U+0958 is excluded from composition, so
+    # "\u0915\u093c" stays decomposed in NFC)...
+    for text in ("naïve café Ångström", "日本語 🤖👩🏽‍💻", "\u0915\u093c", "\uac01\u3131"):
+        assert quick(text) and _rust_nfc(text) == text
+    # ...these go through it and it changes them...
+    for text in ("e\u0301", "\u212b", "\u0958", "a\u0301\u0316", "\u1100\u1161"):
+        assert not quick(text) and _rust_nfc(text) != text
+    # ...and this goes through it although Rust (Unicode 9) leaves it: U+1DF6 (Unicode 10, class
+    # 232) would be reordered after U+0316 by Python's tables. The check errs only this way.
+    assert not quick("a\u1df6\u0316") and _rust_nfc("a\u1df6\u0316") == "a\u1df6\u0316"
+
+
+def test_the_nfc_quick_check_agrees_with_the_tokenizers_normaliser_on_every_code_point():
+    # Every code point alone, after a letter before a class-220 mark, and after a class-240
+    # mark: whatever Python calls NFC there, Rust leaves unchanged (one joined call; the spaces
+    # between samples block any interaction).
+    from draftgate.tokenizers import _nfc_quick_check
+
+    quick = _nfc_quick_check()
+    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    for context in ("{c} ", "a{c}\u0316 ", "a\u0345{c} "):
+        samples = [s for s in (context.format(c=c) for c in chars) if quick(s)]
+        assert len(samples) > 1_000_000
+        text = "".join(samples)
+        assert _rust_nfc(text) == text, context
+
+
+def test_the_nfc_quick_check_turns_itself_off_when_rusts_unicode_tables_are_the_newer(monkeypatch):
+    # A normaliser that knows a mark Python's tables do not (here: U+1E4EC, Unicode 15, as a
+    # class-232 mark) reorders the probe: from then on every non-ASCII text takes the Rust path.
+    import tokenizers.normalizers
+
+    from draftgate import tokenizers as tk
+
+    class Newer:
+        def normalize_str(self, text):
+            return text.replace("\U0001e4ec\u0316", "\u0316\U0001e4ec")
+
+    monkeypatch.setattr(tokenizers.normalizers, "NFC", Newer)
+    quick = tk._nfc_quick_check.__wrapped__()
+    assert not quick("naïve") and not quick("abc")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(NFC_HAZARDS + POOLS), max_size=30).map("".join))
+def test_ordinary_batch_with_the_nfc_fast_path_equals_the_rust_path_on_hostile_text(qwen3_tok, kimi_standin_tok, text):
+    for tok in (qwen3_tok, kimi_standin_tok):
+        assert tok.encode_ordinary_batch([text, text + "x"]) == tok.encode_ordinary_batch_hf([text, text + "x"])
+
+
+def test_a_lone_surrogate_is_an_error_on_the_fast_path_too_not_silently_replaced(qwen3_tok):
+    # Python's quick check calls "ab\ud800" NFC; tiktoken's wrapper would encode U+FFFD instead.
+    with pytest.raises(UnicodeEncodeError):
+        qwen3_tok.encode_ordinary_batch(["ab\ud800"])
+    with pytest.raises(UnicodeEncodeError):
+        qwen3_tok.encode_ordinary_batch(["é\ud800"])
+
+
+def test_threaded_chunks_give_the_same_ids_as_one_thread(qwen3_tok, monkeypatch):
+    from draftgate import tokenizers as tk
+
+    class Fixed(tk.ThreadChoice):
+        def __init__(self, threads):
+            super().__init__()
+            self.threads = threads
+
+        def pick(self, cpus):
+            return self.threads
+
+    corpus = fuzz_corpus(800, seed=21) + [t * 40 for t in NFC_HAZARDS]
+    monkeypatch.setattr(tk, "TIKTOKEN_CHUNK_CHARS", 0)
+    monkeypatch.setattr(tk, "ENCODE_THREADS", Fixed(1))
+    one = qwen3_tok.encode_ordinary_batch(corpus)
+    monkeypatch.setattr(tk, "ENCODE_THREADS", Fixed(3))
+    assert qwen3_tok.encode_ordinary_batch(corpus) == one == qwen3_tok.encode_ordinary_batch_hf(corpus)
+    assert tk.ENCODE_THREADS.used == {3: 1}
+
+
+def test_the_encoder_keeps_the_thread_count_measured_faster_and_keeps_checking_the_other():
+    from draftgate.tokenizers import ThreadChoice
+
+    c = ThreadChoice()
+    assert c.pick(1) == 1 and c.calls == 0              # one core: nothing to choose
+    assert c.pick(4) == 4                               # both measured first
+    c.record(4, 1.0, 1000)
+    assert c.pick(4) == 1
+    c.record(1, 1.6, 1000)                              # idle cores: threads are faster
+    picks = [c.pick(4) for _ in range(12)]              # calls 3..14: every 6th tries one thread
+    assert picks == [4, 4, 4, 1, 4, 4, 4, 4, 4, 1, 4, 4]
+    for _ in range(3):                                  # the machine fills up: threads slow down
+        c.record(4, 3.0, 1000)
+    assert c.pick(4) == 1 and c.cost[4] > c.cost[1]
+    assert c.used == {4: 4, 1: 1}

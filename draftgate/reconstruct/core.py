@@ -1,16 +1,18 @@
 """Batch reconstruction: response rows + prompt rows -> tokens rows (draftgate.schema.tokens()).
 
-Per row (Python, cheap): normalise the provider's output, render prompt and completion into
-segments. Per batch (the tokenizer's native core): one `encode_ordinary_batch` over every text
-segment of every row, one special-parsing encode for the prefix check. Then per row: choose the
-ids (truth > logprobs > text, or text when forced), classify the text method against the
-reference ids, flags, billing, quarantine.
+Per row (Python, cheap): normalise the provider's output, render the completion into segments;
+per prompt, however many responses share it: parse, render, encode, prefix verdict once. Per
+batch (the tokenizer's native core): one `encode_ordinary_batch` over every distinct text of the
+batch (templates/encode.py Pieces), one special-parsing encode for the prefix check. Then per row:
+choose the ids (truth > logprobs > text, or text when forced), classify the text method against
+the reference ids, flags, billing, quarantine.
 
 Quarantined rows stay in the output with `quarantine_reason` set; kept rows have it null.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from draftgate.reconstruct.logprobs import BytesIndex
 from draftgate.reconstruct.normalise import Dialect, normalise
 
 EXAMPLES = 5  # prompt ids kept per quarantine reason in the metrics, for review
+PROMPT_IDS = "_prompt_ids"   # row key of reconstruct(joined=False); not a tokens column
 
 
 class ReconstructError(ValueError):
@@ -66,7 +69,9 @@ def markers(setup: Setup) -> Markers:
 
 
 def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Mapping[str, Any]],
-                setup: Setup, index: BytesIndex | None = None) -> Result:
+                setup: Setup, index: BytesIndex | None = None, joined: bool = True) -> Result:
+    """`joined=False` (the table's way): a row gets its prompt's ids under PROMPT_IDS (one list
+    shared by the prompt's rows) instead of `input_ids` and `loss_mask` lists of its own."""
     from draftgate.templates import Completion, TemplateError, ToolCall
     from draftgate.templates.base import render_text
     from draftgate.templates.encode import Pieces
@@ -74,30 +79,30 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
     tmpl, m = setup.template, markers(setup)
     out = Result([_empty_row(r, prompts.get(r["prompt_id"])) for r in responses])
     pieces = Pieces(setup.special_ids)
-    seen: dict[str, _Prompt] = {}
+    by_prompt: dict[str, _Prompt] = {}
 
     # 1. Normalise and render (per row, pure Python); each prompt once, however many responses
     #    share it. Every text of the batch is planned into `pieces`.
     work = []  # (row index, prompt, completion segments, completion plan, normalised)
     for i, (r, row) in enumerate(zip(responses, out.rows)):
         pid = r["prompt_id"]
-        pr = seen.get(pid)
+        pr = by_prompt.get(pid)
         if pr is None:
-            pr = seen[pid] = _Prompt(prompts.get(pid), tmpl)
+            pr = by_prompt[pid] = _Prompt(prompts.get(pid), tmpl)
         if pr.bad is not None:
             out.quarantine(row, *pr.bad)
             continue
         n = normalise(r if type(r) is dict else dict(r), pr.dialect)
         if n.normalisations:    # else the row keeps its "[]"
             row["normalisations"] = json.dumps(list(n.normalisations))
-        out.counts["normalisations"].update(n.normalisations)
+            out.counts["normalisations"].update(n.normalisations)
         if n.quarantine:
             out.quarantine(row, n.quarantine, r.get("failure_reason") or "")
             continue
         c = n.parts
         think_closed = _think_closed(tmpl, c, r, setup.special_ids, row, out)
         completion = Completion(reasoning=c.reasoning, content=c.content,
-                                tool_calls=tuple(ToolCall(t.name, t.arguments, t.id) for t in c.tool_calls),
+                                tool_calls=tuple([ToolCall(t.name, t.arguments, t.id) for t in c.tool_calls]),
                                 truncated=c.truncated, think_closed=think_closed)
         if pr.segments is None and pr.template_error is None:
             try:
@@ -165,13 +170,17 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
             markers_seen = [parts[x][0] for x in plan if x < n_special and parts[x][0] in marker_ids]
         f = flags(final, prompt_ids, n.parts.truncated, m, markers_seen, pr.think_open)
         row.update(
-            input_ids=prompt_ids + final, prompt_len=len(prompt_ids), completion_ids=final,
-            loss_mask=[0] * len(prompt_ids) + [1] * len(final), method=method, match=cmp.match,
+            prompt_len=len(prompt_ids), completion_ids=final, method=method, match=cmp.match,
             first_diff=cmp.first_diff, diff_context=cmp.context, n_completion=len(final),
             billing_delta=billing.delta(len(final), row["billed_completion_tokens"]),
             ends_with_eos=f.ends_with_eos, think_balanced=f.think_balanced,
             tool_markers_balanced=f.tool_markers_balanced,
         )
+        if joined:
+            row["input_ids"] = prompt_ids + final
+            row["loss_mask"] = [0] * len(prompt_ids) + [1] * len(final)
+        else:
+            row[PROMPT_IDS] = prompt_ids    # table.to_arrow joins them, in numpy
         served = r.get("prompt_token_ids")   # vLLM's return_token_ids; the local server's too
         if served is not None and list(served) != prompt_ids:
             j = first_difference(prompt_ids, served)
@@ -194,17 +203,21 @@ class _Prompt:
     rendered and planned (by the first response that gets that far), then its ids and prefix
     verdict (`finish`, after the batch is encoded)."""
 
+    # Defaults on the class: an instance sets only what it learns (one per prompt of the batch).
+    bad: tuple[str, str] | None = None     # (quarantine reason, detail) for every response to it
+    messages: Any = None
+    tools: Any = None
+    dialect: Dialect | None = None
+    segments: list | None = None
+    template_error: str | None = None
+    plan: list[int] | None = None
+    ids: list[int] | None = None
+    last_len = 0                            # ids of the last segment, when it is text
+    literal: str | None = None              # why prefix-unstable: an added token's text in it
+    special_in_text = False
+    think_open = False
+
     def __init__(self, p: Mapping[str, Any] | None, tmpl: Any):
-        self.bad: tuple[str, str] | None = None     # (quarantine reason, detail) for every response
-        self.messages = self.tools = self.dialect = None
-        self.segments: list | None = None
-        self.template_error: str | None = None
-        self.plan: list[int] | None = None
-        self.ids: list[int] | None = None
-        self.last_len = 0
-        self.literal: str | None = None
-        self.special_in_text = False
-        self.think_open = False
         if p is None:
             self.bad = ("prompt_missing", "not in the prompts table")
             return
@@ -256,11 +269,18 @@ def settle_billing(rows: Sequence[dict], on_mismatch: str, out: Result) -> dict:
 
 
 def _dialect(tmpl: Any, messages: list[dict]) -> Dialect:
-    tool_id = None
-    if tmpl.name == "kimi_k2":
-        from draftgate.templates.kimi_k2 import kimi_tool_call_id as tool_id
+    if tmpl.name != "kimi_k2":
+        # Only Kimi numbers tool calls across the conversation; the others share one dialect.
+        return _plain_dialect(tmpl.think_tokens)
+    from draftgate.templates.kimi_k2 import kimi_tool_call_id
+
     prior = sum(len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict))
-    return Dialect(think=tmpl.think_tokens, tool_id=tool_id, first_tool_index=prior)
+    return Dialect(think=tmpl.think_tokens, tool_id=kimi_tool_call_id, first_tool_index=prior)
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_dialect(think: tuple[str, str] | None) -> Dialect:
+    return Dialect(think=think)
 
 
 def _think_closed(tmpl: Any, c: Any, r: Mapping[str, Any], ids: Mapping[str, int], row: dict,

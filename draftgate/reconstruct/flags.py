@@ -77,9 +77,13 @@ def balanced(ids: Sequence[int], open_id: int, close_id: int, start_open: bool =
 
 def _depth(ids: Sequence[int], open_id: int, close_id: int) -> int:
     # Only the tail after the last marker matters: earlier turns are closed or the prompt is bad.
-    for i in reversed(ids):
-        if i == open_id:
-            return 1
-        if i == close_id:
-            return 0
-    return 0
+    # The last of each, searched by list.index on the reversed ids (C speed, no loop here).
+    rev = list(reversed(ids))
+    return 1 if _index(rev, open_id) < _index(rev, close_id) else 0
+
+
+def _index(ids: list[int], x: int) -> int:
+    try:
+        return ids.index(x)
+    except ValueError:
+        return len(ids)
