@@ -87,3 +87,26 @@ def test_a_failed_write_reaches_every_waiter_with_the_path_and_the_fix(tmp_path)
     results = asyncio.run(go())
     assert len(results) == 3 and all(isinstance(r, OSError) for r in results)
     assert str(path) in str(results[0]) and "rerun" in str(results[0])
+
+
+def test_a_lone_surrogate_from_a_provider_is_journaled_losslessly_and_tabled_as_invalid_unicode(tmp_path):
+    import pyarrow.parquet as pq
+
+    from draftgate.client.request import Prompt
+    from draftgate.client.table import responses_table
+    from draftgate.io import write_parquet
+
+    # Valid JSON from the wire, but not valid UTF-8 text once decoded.
+    bad = json.loads('"half a pair: \\ud83d"')
+    path = tmp_path / "journal.jsonl"
+    asyncio.run(append_all(path, [line("a", content=bad, usage={"completion_tokens": 3}),
+                                  line("b", content="fine", usage={"completion_tokens": 1})]))
+    records = read_journal(path).records
+    assert records[0]["content"] == bad
+
+    prompts = [Prompt(pid, "chat", [{"role": "user", "content": "hi"}], None, 2) for pid in ("a", "b")]
+    table = responses_table(prompts, {"a": "h", "b": "h"}, records)
+    write_parquet(tmp_path / "responses.parquet", table)
+    rows = pq.read_table(tmp_path / "responses.parquet").to_pylist()
+    assert [(r["status"], r["failure_reason"], r["content"]) for r in rows] == [
+        ("failed", "invalid_unicode", None), ("ok", None, "fine")]

@@ -23,6 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+
+def encode_line(record: dict[str, Any]) -> bytes:
+    """One journal line. A provider can send a lone surrogate (`"\\ud800"`, valid JSON but not
+    valid UTF-8); escaping that line keeps the paid response, losslessly, instead of crashing."""
+    try:
+        return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    except UnicodeEncodeError:
+        return (json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
+
+
 @dataclass
 class JournalScan:
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -109,7 +119,7 @@ class Journal:
             self._fd = None
 
     async def append(self, record: dict[str, Any]) -> None:
-        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        line = encode_line(record)
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((line, fut))
         if self._writer is None or self._writer.done():

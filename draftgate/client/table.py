@@ -27,7 +27,15 @@ def responses_table(prompts: list[Prompt], hashes: dict[str, str], records: list
     return pa.Table.from_pylist(rows, schema=schema.responses())
 
 
+TEXT_FIELDS = ("reasoning", "reasoning_details", "content", "tool_calls", "logprobs")
+
+
 def _row(p: Prompt, rhash: str, rec: dict[str, Any]) -> dict[str, Any]:
+    if rec["status"] == "ok" and any(_not_utf8(rec.get(f)) for f in TEXT_FIELDS):
+        # Text with a lone surrogate cannot be UTF-8, so it can be neither stored in Parquet nor
+        # tokenised exactly. The journal keeps it as received; the row is a failure with a reason.
+        rec = {**{k: v for k, v in rec.items() if k not in TEXT_FIELDS},
+               "status": "failed", "failure_reason": "invalid_unicode"}
     usage = rec.get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
     ok = rec["status"] == "ok"
@@ -52,6 +60,16 @@ def _unsent(p: Prompt, rhash: str, stop_reason: str | None) -> dict[str, Any]:
     return {"prompt_id": p.prompt_id, "dataset": p.dataset, "request_hash": rhash, "status": "failed",
             "failure_reason": f"unsent_{stop_reason}" if stop_reason else "unsent", "attempts": 0,
             "cost_usd": 0.0}
+
+
+def _not_utf8(text: Any) -> bool:
+    if not isinstance(text, str):
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _int(x: Any) -> int | None:
