@@ -12,14 +12,8 @@ on 401 / credits (journal, table and metrics are still written); 2 on unusable i
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import os
 import sys
 from pathlib import Path
-from typing import Iterator
-
-OPENROUTER_URL = "https://openrouter.ai/api/v1"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,21 +26,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class StageError(Exception):
-    pass
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate import client
     from draftgate.client.journal import read_journal
+    from draftgate.client.target import TargetError, target_for
     from draftgate.config import ParamsError, as_dict, load_params
+    from draftgate.gate_result import GateNotPassed, require_passed
     from draftgate.io import write_parquet
     from draftgate.metrics import StageMetrics
 
     try:
         params = load_params(args.params)
-        check_gate(args.gate)
+        require_passed(args.gate, "gate_prompts", "fix the prompts before generating")
         prompts = client.select(client.read_prompts(args.prompts), params.generate.limit)
         gp = params.generate
         if gp.budget_usd > 0 and not (gp.price.prompt_usd_per_mtok or gp.price.completion_usd_per_mtok):
@@ -56,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         journal = out / "journal.jsonl"
         with target_for(params) as target:
             result = client.run(prompts, gp, target, journal)
-    except (ParamsError, StageError, OSError, ValueError) as e:
+    except (ParamsError, GateNotPassed, TargetError, OSError, ValueError) as e:
         print(f"stages.generate: {e}", file=sys.stderr)
         return 2
 
@@ -75,58 +67,6 @@ def main(argv: list[str] | None = None) -> int:
           f"({result.skipped} already done, {result.sent} sent this run, ${result.spent_usd:.4f} spent)"
           + (f"; stopped: {result.stop_reason}" if result.stop_reason else ""))
     return result.exit_code
-
-
-def check_gate(path: str) -> None:
-    try:
-        gate = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StageError(f"{path}: gate result not found; run the prompts gate first (dvc repro)") from None
-    except ValueError as e:
-        raise StageError(f"{path}: not JSON ({e}); rerun the prompts gate") from None
-    if not isinstance(gate, dict) or gate.get("success") is not True:
-        raise StageError(f"{path}: the prompts gate did not pass (success: {gate.get('success') if isinstance(gate, dict) else gate!r}); "
-                         "fix the prompts (see the Data Docs report) before generating")
-
-
-@contextlib.contextmanager
-def target_for(params) -> Iterator:
-    from draftgate.client import Target
-
-    gp = params.generate
-    if gp.backend == "local":
-        from draftgate.serve.local import running
-
-        with running(params.serve) as base_url:
-            yield Target(base_url)
-        return
-    key = os.environ.get(gp.api_key_env) or None
-    if gp.backend == "openrouter":
-        if key is None:
-            raise StageError(f"environment variable {gp.api_key_env} is not set; export your OpenRouter key "
-                             f"there (or point generate.api_key_env at the variable that holds it)")
-        headers = {"X-Title": gp.app_title}
-        if gp.http_referer:
-            headers["HTTP-Referer"] = gp.http_referer
-        yield Target(check_key_transport(gp.base_url or OPENROUTER_URL, key, gp.api_key_env), key, headers)
-        return
-    if not gp.base_url:
-        raise StageError("generate.base_url is required for backend openai (e.g. http://host:8000/v1)")
-    if key is None:
-        print(f"generate: {gp.api_key_env} is not set; sending requests without an API key", file=sys.stderr)
-    yield Target(check_key_transport(gp.base_url, key, gp.api_key_env), key)
-
-
-def check_key_transport(base_url: str, key: str | None, env: str) -> str:
-    """A key travels only over https, or plain http to this machine (a local test server)."""
-    from urllib.parse import urlsplit
-
-    url = urlsplit(base_url)
-    if key and url.scheme != "https" and url.hostname not in ("127.0.0.1", "localhost", "::1"):
-        raise StageError(f"generate.base_url {base_url!r} is plain http to another host: the key in {env} would "
-                         "travel unencrypted; use https, or unset the variable / point generate.api_key_env "
-                         "elsewhere for a server that needs no key")
-    return base_url
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ def test_refuses_to_run_when_the_prompts_gate_failed(tmp_path, capsys):
         paths = workspace(tmp_path, 3, gate_ok=False, base_url=server.base_url)
         assert generate.main(argv(paths)) == 2
         assert server.requests == 0
-    assert "prompts gate did not pass" in capsys.readouterr().err
+    assert "gate_prompts did not pass" in capsys.readouterr().err
 
 
 def test_openrouter_without_the_key_variable_names_it(tmp_path, monkeypatch, capsys):

@@ -77,7 +77,7 @@ def test_stage_writes_tokens_metrics_report_and_plot(tmp_path, qwen3_tok):
 
 def test_stage_refuses_to_run_after_a_failed_responses_gate(tmp_path, qwen3_tok, capsys):
     assert stage.main(write_inputs(tmp_path, qwen3_tok, gate_ok=False)) == 1
-    assert "responses gate failed" in capsys.readouterr().err
+    assert "gate_responses did not pass (success: False)" in capsys.readouterr().err
     assert not (tmp_path / "tokens").exists()
 
 

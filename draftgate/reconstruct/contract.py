@@ -47,12 +47,9 @@ def special_ids(path: Path, template: Any, tok: Any) -> dict[str, int]:
 
 
 def gate_passed(path: Path) -> None:
+    from draftgate.gate_result import GateNotPassed, require_passed
+
     try:
-        result = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: the responses gate has not run; run `dvc repro` (gate_responses)") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not JSON ({e}); rerun the responses gate") from None
-    if result.get("success") is not True:
-        raise InputError(f"{path}: the responses gate failed; fix the responses (see the "
-                               "gate's result and Data Docs) before reconstructing them")
+        require_passed(path, "gate_responses", "fix the responses before reconstructing them")
+    except GateNotPassed as e:
+        raise InputError(str(e)) from None

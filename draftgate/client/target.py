@@ -1,0 +1,57 @@
+"""Where requests go: the backend from params -> a `Target` (base URL, key, headers).
+
+`backend: local` starts the local model server for the duration; `openrouter` and `openai` take
+the key from the environment variable `generate.api_key_env` names, and only from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator
+from urllib.parse import urlsplit
+
+from draftgate.client.run import Target
+
+OPENROUTER_URL = "https://openrouter.ai/api/v1"
+
+
+class TargetError(ValueError):
+    """A backend that cannot be used as configured; the message says what to set."""
+
+
+@contextlib.contextmanager
+def target_for(params) -> Iterator[Target]:
+    gp = params.generate
+    if gp.backend == "local":
+        from draftgate.serve.local import running
+
+        with running(params.serve) as base_url:
+            yield Target(base_url)
+        return
+    key = os.environ.get(gp.api_key_env) or None
+    if gp.backend == "openrouter":
+        if key is None:
+            raise TargetError(f"environment variable {gp.api_key_env} is not set; export your OpenRouter key "
+                              f"there (or point generate.api_key_env at the variable that holds it)")
+        headers = {"X-Title": gp.app_title}
+        if gp.http_referer:
+            headers["HTTP-Referer"] = gp.http_referer
+        yield Target(check_key_transport(gp.base_url or OPENROUTER_URL, key, gp.api_key_env), key, headers)
+        return
+    if not gp.base_url:
+        raise TargetError("generate.base_url is required for backend openai (e.g. http://host:8000/v1)")
+    if key is None:
+        print(f"generate: {gp.api_key_env} is not set; sending requests without an API key", file=sys.stderr)
+    yield Target(check_key_transport(gp.base_url, key, gp.api_key_env), key)
+
+
+def check_key_transport(base_url: str, key: str | None, env: str) -> str:
+    """A key travels only over https, or plain http to this machine (a local test server)."""
+    url = urlsplit(base_url)
+    if key and url.scheme != "https" and url.hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise TargetError(f"generate.base_url {base_url!r} is plain http to another host: the key in {env} would "
+                          "travel unencrypted; use https, or unset the variable / point generate.api_key_env "
+                          "elsewhere for a server that needs no key")
+    return base_url
