@@ -35,6 +35,8 @@ class Estimate:
     concurrency: int
     wall_s_typical: float
     wall_s_max: float
+    ttft_s: float = 1.0                # the wall-time assumptions, printed beside the figure
+    decode_tok_s: float = 50.0
 
 
 def prompt_text(p: Prompt) -> str:
@@ -74,6 +76,7 @@ def estimate(prompts: list[Prompt], gp: Any, tokenizer: Any | None, why_not: str
         budget_usd=gp.budget_usd, concurrency=gp.concurrency,
         wall_s_typical=round(waves * (ttft_s + gp.max_tokens * fill / decode_tok_s), 1),
         wall_s_max=round(waves * (ttft_s + gp.max_tokens / decode_tok_s), 1),
+        ttft_s=ttft_s, decode_tok_s=decode_tok_s,
     )
 
 
@@ -86,7 +89,9 @@ def render(e: Estimate) -> str:
         ("cost", f"${e.cost_usd_typical:,.2f} typical / ${e.cost_usd_max:,.2f} max"
                  + (f"  (budget ${e.budget_usd:,.2f})" if e.budget_usd else "  (no budget set)")),
         ("wall time", f"{e.wall_s_typical / 60:,.1f} min typical / {e.wall_s_max / 60:,.1f} min max "
-                      f"at {e.concurrency:,} in flight"),
+                      f"at {e.concurrency:,} in flight, assuming {e.ttft_s:g} s to first token and "
+                      f"{e.decode_tok_s:g} tok/s per request (--ttft-s, --decode-tok-s; a local CPU "
+                      f"model shares its throughput across requests: measure it with bench/serve.py)"),
     ]
     text = "\n".join(f"{k:<18} {v}" for k, v in rows)
     if e.budget_usd and e.cost_usd_max > e.budget_usd:
