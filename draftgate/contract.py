@@ -3,8 +3,8 @@
 Every special token the chat template emits is resolved BY NAME from the target's tokenizer and
 must be one added token that decodes to its own name, re-encodes to its own id, and splits the
 text around it (so text segments can be encoded separately). Ids a user configured
-(tokenizer.expected_ids) must agree: the seed run hard-coded <|im_end|> = 163533, which on Kimi-K2
-is the ordinary token "chas" (the real id is 163586). `special_ids` in the result is the only
+(tokenizer.expected_ids) must agree: the seed run hard-coded an id for <|im_end|> that on Kimi-K2
+is the ordinary token "chas" (FACTS.md has both ids). `special_ids` in the result is the only
 place later stages take special ids from.
 
 The boundary probe records (never fails on) text pairs whose pieces merge when joined:

@@ -2,7 +2,7 @@
 
 Special ids come from contract.json alone (the contract stage resolved them by name), and are
 re-checked here against the loaded tokenizer: an id whose bytes are not its name (the
-`<|im_end|>` = 163533 "chas" bug) stops the stage before a single row is written.
+seed run's `<|im_end|>` -> "chas" bug) stops the stage before a single row is written.
 """
 
 from __future__ import annotations
