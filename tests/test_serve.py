@@ -89,7 +89,7 @@ def test_end_token_is_resolved_by_name_and_round_trips(lm):
     assert end == 2   # the fact, checked against the real tokenizer
 
 
-def test_token_bytes_table_agrees_with_decode_for_every_whole_utf8_token(lm):
+def test_token_bytes_agree_with_decode_for_every_whole_utf8_token(lm):
     checked = 0
     for tid, raw in enumerate(lm.token_bytes):
         try:

@@ -114,13 +114,12 @@ def cached_dir(cache: Path, sha256: str) -> Path:
     return cache / "models" / f"smollm2-135m-instruct-{sha256[:16]}"
 
 
-def convert(gguf: Path, sha256: str, target: Path) -> tuple[Any, Any]:
+def convert(gguf: Path, sha256: str, target: Path) -> Any:
     """De-quantise the GGUF, save it as safetensors under `target` (renamed into place whole)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     _quiet_transformers()
-    tokenizer = smollm2_tokenizer()
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # transformers refuses to save a model that still carries its GGUF quantization_config, so
     # copy the de-quantised float32 weights into a plain model of the same config.
@@ -147,7 +146,7 @@ def convert(gguf: Path, sha256: str, target: Path) -> tuple[Any, Any]:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return model.eval(), tokenizer
+    return model.eval()
 
 
 def load(device: Literal["auto", "cpu", "cuda"] = "auto", cache: Path | None = None) -> LocalModel:
@@ -170,28 +169,29 @@ def load(device: Literal["auto", "cpu", "cuda"] = "auto", cache: Path | None = N
                 f"{target}: cached model is incomplete or from another GGUF (sha256 {recorded!r}, "
                 f"want {sha}); delete the directory and load again")
         _quiet_transformers()
-        tokenizer = smollm2_tokenizer()
         model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
         source = "cache"
     else:
-        model, tokenizer = convert(gguf, sha, target)
+        model = convert(gguf, sha, target)
         source = "gguf"
     model.to(device)
+    tok = smollm2_tokenizer()
     return LocalModel(
-        name=SERVED_NAME, model=model, tokenizer=tokenizer, device=device,
-        end_ids=resolve_end_ids(tokenizer), token_bytes=token_bytes_table(tokenizer),
+        name=SERVED_NAME, model=model, tokenizer=tok.hf, device=device,
+        end_ids=resolve_end_ids(tok.hf), token_bytes=tuple(tok.token_bytes(i) for i in range(tok.vocab_size)),
         context_len=int(model.config.max_position_embeddings), gguf_sha256=sha, source=source,
         load_s=time.perf_counter() - start)
 
 
 def smollm2_tokenizer() -> Any:
+    """draftgate's SmolLM2 Tokenizer (its `.hf` serves; its byte table feeds logprob bytes)."""
     # The model's real tokenizer isolates every digit (llama.cpp's "smollm" pre-tokenizer, as in
     # the original HF tokenizer.json); transformers' GGUF conversion drops that, which changed the
     # ids of 64 of 518 2,000-character code chunks. draftgate.tokenizers restores it: the server
     # must tokenise exactly as the real model's serving stack does.
     from draftgate.tokenizers import load_smollm2
 
-    return load_smollm2().hf
+    return load_smollm2()
 
 
 def resolve_device(device: str) -> str:
@@ -221,25 +221,6 @@ def resolve_end_ids(tokenizer: Any) -> frozenset[int]:
                 f"encodes to {encoded}); the tokenizer files are inconsistent")
         ids.add(tid)
     return frozenset(ids)
-
-
-def token_bytes_table(tokenizer: Any) -> tuple[bytes, ...]:
-    # Byte-level BPE stores each byte as a printable stand-in character; invert that map to get
-    # a token's raw bytes (decode([id]) would turn half a UTF-8 character into U+FFFD).
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    decoder = type(tokenizer.backend_tokenizer.decoder).__name__
-    if decoder != "ByteLevel":
-        raise ValueError(f"token bytes need a byte-level BPE tokenizer; this one decodes with {decoder}")
-    to_byte = {ch: b for b, ch in bytes_to_unicode().items()}
-    added = {t.content for t in tokenizer.backend_tokenizer.get_added_tokens_decoder().values()}
-    table = []
-    for piece in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))):
-        if piece in added:
-            table.append(piece.encode("utf-8"))
-        else:
-            table.append(bytes(to_byte[ch] for ch in piece))
-    return tuple(table)
 
 
 def _quiet_transformers() -> None:
