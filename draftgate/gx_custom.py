@@ -63,6 +63,20 @@ def _sentence(template: str, params: dict) -> list:
     )]
 
 
+def _kwargs(configuration: Any, result: Any) -> dict:
+    """The kwargs a legacy renderer describes: from the configuration, else from the result."""
+    cfg = configuration or (result.expectation_config if result else None)
+    return dict(cfg.kwargs) if cfg else {}
+
+
+def _described(rc: RendererConfiguration, params: tuple, template_str: str) -> RendererConfiguration:
+    """Declare `params` ((name, RendererValueType or list of them), ...) and set the sentence."""
+    for name, kind in params:
+        rc.add_param(name=name, param_type=kind)
+    rc.template_str = template_str
+    return rc
+
+
 def _require_a_bound(values: dict) -> dict:
     lo, hi = values.get("min_value"), values.get("max_value")
     if lo is None and hi is None:
@@ -110,21 +124,19 @@ class ExpectColumnValueFractionBetween(ColumnAggregateExpectation):
 
     @classmethod
     def _prescriptive_template(cls, renderer_configuration: RendererConfiguration) -> RendererConfiguration:
-        for name, kind in (("column", RendererValueType.STRING),
-                           ("value", [RendererValueType.STRING, RendererValueType.NUMBER, RendererValueType.BOOLEAN,
-                                     RendererValueType.ARRAY]),
-                           ("min_value", RendererValueType.NUMBER), ("max_value", RendererValueType.NUMBER)):
-            renderer_configuration.add_param(name=name, param_type=kind)
-        p = renderer_configuration.params
-        renderer_configuration.template_str = (
-            "fraction of rows where $column is $value must be " + _bounds_text(p.min_value, p.max_value) + ".")
-        return renderer_configuration
+        kw = renderer_configuration.kwargs
+        return _described(renderer_configuration, (
+            ("column", RendererValueType.STRING),
+            ("value", [RendererValueType.STRING, RendererValueType.NUMBER, RendererValueType.BOOLEAN,
+                       RendererValueType.ARRAY]),
+            ("min_value", RendererValueType.NUMBER), ("max_value", RendererValueType.NUMBER)),
+            "fraction of rows where $column is $value must be "
+            + _bounds_text(kw.get("min_value"), kw.get("max_value")) + ".")
 
     @classmethod
     @renderer(renderer_type=LegacyRendererType.PRESCRIPTIVE)
     def _prescriptive_renderer(cls, configuration=None, result=None, runtime_configuration=None, **kwargs):
-        cfg = configuration or (result.expectation_config if result else None)
-        kw = dict(cfg.kwargs) if cfg else {}
+        kw = _kwargs(configuration, result)
         if isinstance(kw.get("value"), list):
             kw["value"] = "one of " + ", ".join(map(str, kw["value"]))
         return _sentence("fraction of rows where $column is $value must be "
@@ -177,19 +189,17 @@ class ExpectColumnSumRatioBetween(BatchExpectation):
 
     @classmethod
     def _prescriptive_template(cls, renderer_configuration: RendererConfiguration) -> RendererConfiguration:
-        for name, kind in (("column", RendererValueType.STRING), ("denominator_column", RendererValueType.STRING),
-                           ("min_value", RendererValueType.NUMBER), ("max_value", RendererValueType.NUMBER)):
-            renderer_configuration.add_param(name=name, param_type=kind)
-        p = renderer_configuration.params
-        renderer_configuration.template_str = (
-            "sum of $column over sum of $denominator_column must be " + _bounds_text(p.min_value, p.max_value) + ".")
-        return renderer_configuration
+        kw = renderer_configuration.kwargs
+        return _described(renderer_configuration, (
+            ("column", RendererValueType.STRING), ("denominator_column", RendererValueType.STRING),
+            ("min_value", RendererValueType.NUMBER), ("max_value", RendererValueType.NUMBER)),
+            "sum of $column over sum of $denominator_column must be "
+            + _bounds_text(kw.get("min_value"), kw.get("max_value")) + ".")
 
     @classmethod
     @renderer(renderer_type=LegacyRendererType.PRESCRIPTIVE)
     def _prescriptive_renderer(cls, configuration=None, result=None, runtime_configuration=None, **kwargs):
-        cfg = configuration or (result.expectation_config if result else None)
-        kw = dict(cfg.kwargs) if cfg else {}
+        kw = _kwargs(configuration, result)
         num = "|sum of $column|" if kw.get("absolute") else "sum of $column"
         return _sentence(f"{num} over sum of $denominator_column must be "
                          + _bounds_text(kw.get("min_value"), kw.get("max_value")) + ".", kw)
@@ -241,15 +251,13 @@ class ExpectColumnValuesJsonRolesValid(ColumnMapExpectation):
 
     @classmethod
     def _prescriptive_template(cls, renderer_configuration: RendererConfiguration) -> RendererConfiguration:
-        renderer_configuration.add_param(name="column", param_type=RendererValueType.STRING)
-        renderer_configuration.template_str = "$column values must be JSON message lists with known roles."
-        return renderer_configuration
+        return _described(renderer_configuration, (("column", RendererValueType.STRING),),
+                          "$column values must be JSON message lists with known roles.")
 
     @classmethod
     @renderer(renderer_type=LegacyRendererType.PRESCRIPTIVE)
     def _prescriptive_renderer(cls, configuration=None, result=None, runtime_configuration=None, **kwargs):
-        cfg = configuration or (result.expectation_config if result else None)
-        kw = dict(cfg.kwargs) if cfg else {}
+        kw = _kwargs(configuration, result)
         kw.setdefault("roles", list(OPENAI_ROLES))
         text = "$column values must be JSON lists of messages with role in $roles"
         if kw.get("last_roles"):
