@@ -103,9 +103,26 @@ class ServeParams:
 
 
 @dataclass(frozen=True)
+class BillingParams:
+    # Per provider (matched case-insensitively; "*" = every other provider): how it counts.
+    # completion: does the billed count include the end-of-turn token? "learn" takes it from the
+    # rows whose ids are exact (truth or logprobs), never from the rows being graded.
+    completion: dict[str, Literal["learn", "counts_end", "excludes_end"]] = field(
+        default_factory=lambda: {"*": "learn"})
+    # prompt: billed prompt tokens minus our prompt ids (1 for a provider that counts a BOS we do
+    # not render, ...); "learn" takes it from rows whose prompt ids the backend returned and equal ours.
+    prompt: dict[str, Union[int, Literal["learn"]]] = field(default_factory=lambda: {"*": "learn"})
+
+
+@dataclass(frozen=True)
 class ReconstructParams:
     method: Literal["auto", "text"] = "auto"
     on_billing_mismatch: Literal["keep", "quarantine"] = "keep"
+    # What providers change in a request before templating (docs/provider-rules.md has the
+    # evidence for each): applied to the prompt before it is rendered.
+    request_rules: list[Literal["drop_function_strict"]] = field(
+        default_factory=lambda: ["drop_function_strict"])
+    billing: BillingParams = field(default_factory=BillingParams)
 
 
 @dataclass(frozen=True)
@@ -126,9 +143,18 @@ class ResponsesGateParams:
 
 
 @dataclass(frozen=True)
+class TemplateGateParams:
+    # Probes compared byte for byte with the official template; 0 accepts a target whose
+    # tokenizer ships no template (the qwen3/deepseek package kinds).
+    min_compared: int = 1
+
+
+@dataclass(frozen=True)
 class TokensGateParams:
     max_billing_delta_rate: float = 0.0004   # aggregate |sum delta| / sum billed
     min_row_billing_agreement: float = 0.98
+    max_prompt_billing_delta_rate: float = 0.0004
+    min_prompt_billing_agreement: float = 0.98
     max_mismatch_rate: float = 0.5
     max_semantic: int = 0
     max_quarantine_rate: float = 0.05
@@ -136,6 +162,7 @@ class TokensGateParams:
 
 @dataclass(frozen=True)
 class GatesParams:
+    template: TemplateGateParams = field(default_factory=TemplateGateParams)
     prompts: PromptsGateParams = field(default_factory=PromptsGateParams)
     responses: ResponsesGateParams = field(default_factory=ResponsesGateParams)
     tokens: TokensGateParams = field(default_factory=TokensGateParams)

@@ -9,6 +9,11 @@ place later stages take special ids from.
 
 The boundary probe records (never fails on) text pairs whose pieces merge when joined:
 ("foo", "bar") is [7975] + [2257] apart but [50267] joined on Qwen3.
+
+The template contract renders a built-in probe set (templates/probes.py) with the target's
+official chat template (official.py: the model directory's, or the one embedded in the default's
+GGUF) and with the template as code, and records both texts per probe: any byte difference fails
+the template gate (expectations/template.json), which compares the two texts itself.
 """
 
 from __future__ import annotations
@@ -71,11 +76,57 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class TemplateProbe:
+    probe: str
+    thinking: bool
+    # compared | code_refuses | official_refuses | no_official
+    status: str
+    official_text: str | None
+    code_text: str | None
+    first_diff: int | None               # character offset of the first difference, when any
+    diff_context: str | None             # the official and code text around it
+    detail: str | None                   # why a side did not render
+
+    @property
+    def ok(self) -> bool:
+        # official_refuses: the code renders a conversation the model's own template cannot, so
+        # it invents a format. code_refuses is fine: such prompts are rejected before generation.
+        if self.status == "official_refuses":
+            return False
+        return self.status != "compared" or self.official_text == self.code_text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class TemplateContract:
+    template: str
+    official: dict[str, Any] | None      # source, sha256, hooks_sha256; None: none ships
+    probes: tuple[TemplateProbe, ...]
+
+    @property
+    def compared(self) -> int:
+        return sum(p.status == "compared" for p in self.probes)
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.probes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"template": self.template, "official": self.official, "compared": self.compared,
+                "differ": sum(not p.ok for p in self.probes), "ok": self.ok}
+
+
+@dataclass(frozen=True)
 class ContractResult:
     tokenizer: dict[str, Any]            # kind, name, fingerprint, vocab_size
     template: str | None
     checks: tuple[Check, ...]
     boundary_probe: tuple[Probe, ...]
+    template_contract: TemplateContract | None = None
+    # The roles of the verified ids (end, think, tool markers, ...): what gates recompute with.
+    roles: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -90,9 +141,13 @@ class ContractResult:
         return [c for c in self.checks if not c.ok]
 
     def to_dict(self) -> dict[str, Any]:
+        tc = self.template_contract
         return {"tokenizer": self.tokenizer, "template": self.template,
-                "special_ids": self.special_ids, "checks": [c.to_dict() for c in self.checks],
-                "boundary_probe": [p.to_dict() for p in self.boundary_probe], "ok": self.ok}
+                "special_ids": self.special_ids, "roles": self.roles,
+                "checks": [c.to_dict() for c in self.checks],
+                "boundary_probe": [p.to_dict() for p in self.boundary_probe], "ok": self.ok,
+                "template_contract": tc.to_dict() if tc else None,
+                "template_probes": [p.to_dict() for p in tc.probes] if tc else []}
 
 
 def check_contract(tok: Any, special_names: Iterable[str], expected_ids: Mapping[str, int],
@@ -104,6 +159,71 @@ def check_contract(tok: Any, special_names: Iterable[str], expected_ids: Mapping
     checks = tuple(_check_name(tok, n, expected_ids.get(n), template) for n in names)
     info = {"kind": tok.kind, "name": tok.name, "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size}
     return ContractResult(info, template, checks, boundary_probe(tok, probe_pairs))
+
+
+def check_template(template: Any, official: Any, probes: Sequence[Any]) -> TemplateContract:
+    """Render every probe with the official template and with the template as code."""
+    from draftgate.official import OfficialTemplateError
+    from draftgate.templates.base import TemplateError, render_text
+
+    out = []
+    for p in probes:
+        code = official_text = detail = None
+        try:
+            code = render_text(template.render_prompt(p.messages, p.tools, p.thinking))
+        except TemplateError as e:
+            detail = f"the code template refuses it: {e}"
+        if official is not None:
+            try:
+                official_text = official.render(p.messages, p.tools, template.jinja_kwargs(p.thinking))
+            except OfficialTemplateError as e:
+                detail = f"{detail}; {e}" if detail else str(e)
+        if official is None:
+            status, detail = "no_official", "the tokenizer ships no chat template to compare with"
+        elif code is None:
+            status = "code_refuses"
+        elif official_text is None:
+            # The code template renders what the official one cannot: it invents a format.
+            status = "official_refuses"
+        else:
+            status = "compared"
+        diff = context = None
+        if status == "compared" and code != official_text:
+            diff = next((i for i, (a, b) in enumerate(zip(official_text, code)) if a != b),
+                        min(len(official_text), len(code)))
+            lo = max(0, diff - 30)
+            context = f"official {official_text[lo:diff + 40]!r} | code {code[lo:diff + 40]!r}"
+        out.append(TemplateProbe(p.name, p.thinking, status, official_text, code, diff, context, detail))
+    return TemplateContract(template.name, official.to_dict() if official is not None else None, tuple(out))
+
+
+def template_roles(template: Any, ids: Mapping[str, int]) -> dict[str, Any] | None:
+    """The verified ids by role, for checks that recompute structure from ids alone."""
+    names = set(template.special_names)
+    if not names <= set(ids):
+        return None
+    markers = set()
+    think = None
+    if template.think_tokens:
+        think = [ids[template.think_tokens[0]], ids[template.think_tokens[1]]]
+        markers.update(template.think_tokens)
+    pairs = [[ids[a], ids[b]] for a, b in template.tool_marker_pairs]
+    for a, b in template.tool_marker_pairs:
+        markers.update((a, b))
+    # Kimi may run from reasoning straight into its tool-call section without </think>.
+    implicit = [ids[template.tool_marker_pairs[0][0]]] if template.name.startswith("kimi") else []
+    inner = sorted(ids[n] for n in names if n in markers)
+    return {
+        "end": ids[template.end_token],
+        "think_open": think[0] if think else None,
+        "think_close": think[1] if think else None,
+        "tool_pairs": pairs,
+        "think_implicit_close": implicit,
+        # Specials a completion may hold before its end: the think and tool-call markers. Any
+        # other special id inside a completion (a turn header, the end token) is text gone wrong.
+        "completion_markers": inner,
+        "turn_structure": sorted(ids[n] for n in names if n not in markers),
+    }
 
 
 def boundary_probe(tok: Any, pairs: Sequence[Sequence[str]]) -> tuple[Probe, ...]:
@@ -190,18 +310,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from dataclasses import replace
+
     from draftgate.config import ParamsError, as_dict, load_params
     from draftgate.io import write_json
     from draftgate.metrics import StageMetrics
+    from draftgate.official import official_template
+    from draftgate.templates import get_template
     from draftgate.templates.base import TemplateError
+    from draftgate.templates.probes import PROBES
     from draftgate.tokenizers import TokenizerError, load_tokenizer
 
     try:
         params = load_params(args.params)
         tok = load_tokenizer(params.tokenizer)
-        names = template_special_names(params.template.name)
-        result = check_contract(tok, names, params.tokenizer.expected_ids,
+        template = get_template(params.template.name)
+        result = check_contract(tok, template.special_names, params.tokenizer.expected_ids,
                                 params.contract.probe_pairs, template=params.template.name)
+        official = official_template(tok, params.tokenizer.kind, params.tokenizer.path)
+        result = replace(result, template_contract=check_template(template, official, PROBES),
+                         roles=template_roles(template, result.special_ids))
     except (ParamsError, TokenizerError, TemplateError, ContractError) as e:
         print(f"contract: {e}", file=sys.stderr)
         return 2
@@ -211,18 +339,30 @@ def main(argv: list[str] | None = None) -> int:
         for c in result.failures():
             for r in c.reasons:
                 m.drop(r)
+        tc = result.template_contract
+        for p in tc.probes:
+            if not p.ok:
+                m.drop("template_differs")
         m.figures.update(ok=result.ok, tokenizer=result.tokenizer, template=result.template,
                          special_ids=result.special_ids,
-                         boundary_merges=sum(p.merges for p in result.boundary_probe))
+                         boundary_merges=sum(p.merges for p in result.boundary_probe),
+                         template_contract=tc.to_dict())
         m.params = {k: as_dict(getattr(params, k)) for k in ("tokenizer", "template", "contract")}
         m.write(args.metrics)
     t = result.tokenizer
     print(f"contract: {t['name']} ({t['kind']}, vocab {t['vocab_size']}, {t['fingerprint'][:12]}) x "
           f"template {result.template}: {len(result.checks)} special tokens, "
           f"{len(result.failures())} failed -> {args.out}")
+    tc = result.template_contract
+    official = tc.official["source"] if tc.official else "no official template"
+    print(f"contract: template {tc.template} vs {official}: {tc.compared} probes compared, "
+          f"{sum(not p.ok for p in tc.probes)} differ")
     for c in result.failures():
         print(f"  FAIL {c.name!r} [{', '.join(c.reasons)}]: {c.problem}", file=sys.stderr)
-    return 0 if result.ok or args.defer_to_gate else 1
+    for p in tc.probes:
+        if not p.ok:
+            print(f"  FAIL template probe {p.probe!r} at char {p.first_diff}: {p.diff_context}", file=sys.stderr)
+    return 0 if (result.ok and tc.ok) or args.defer_to_gate else 1
 
 
 if __name__ == "__main__":

@@ -79,6 +79,9 @@ class Tokenizer:
         # would turn "<|im_end|>" into ordinary pieces there.
         core.encode_special_tokens = False
         self.hf = hf
+        # The object that renders the model's chat template as serving engines do: the model
+        # directory's own tokenizer (remote-code hooks included), set by load_hf_dir.
+        self.renderer: Any = None
         self.kind = kind
         self.name = name or kind
         self._core = core
@@ -474,9 +477,10 @@ def load_hf_dir(path: str | None, *, trust_remote_code: bool) -> Tokenizer:
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
-    if getattr(hf, "backend_tokenizer", None) is not None:
-        return Tokenizer(hf, "hf_dir", name=d.name)
-    return _from_slow_tiktoken(hf, d)
+    tok = Tokenizer(hf, "hf_dir", name=d.name) if getattr(hf, "backend_tokenizer", None) is not None \
+        else _from_slow_tiktoken(hf, d)
+    tok.renderer = hf
+    return tok
 
 
 def _from_slow_tiktoken(slow: Any, d: Path) -> Tokenizer:

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.config import ParamsError, as_dict, load_params
     from draftgate.io import write_json, write_parquet, write_text
     from draftgate.metrics import StageMetrics
+    from draftgate.official import official_template
     from draftgate.reconstruct.contract import InputError, gate_passed, special_ids
     from draftgate.reconstruct.core import Setup
     from draftgate.reconstruct.table import mismatch_report, plot_rows, reconstruct_table
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         tok = load_tokenizer(params.tokenizer)
         template = get_template(params.template.name)
         ids = special_ids(args.contract, template, tok)
+        # A model directory's own template renders the prompts, as the serving engine does.
+        official = official_template(tok, "hf_dir", params.tokenizer.path) \
+            if params.tokenizer.kind == "hf_dir" else None
         started = time.perf_counter()
         responses = _read(pq, args.responses, "generate")
         prompts = _read(pq, args.prompts, "prompts")
@@ -54,9 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reconstruct: {e}", file=sys.stderr)
         return 1
     setup = Setup(tok, template, ids, thinking=params.template.thinking,
-                  method=params.reconstruct.method)
+                  method=params.reconstruct.method, official=official,
+                  request_rules=tuple(params.reconstruct.request_rules))
     table, result, billing = reconstruct_table(responses, prompts, setup,
-                                               params.reconstruct.on_billing_mismatch)
+                                               params.reconstruct.on_billing_mismatch,
+                                               billing_params=params.reconstruct.billing)
     seconds = time.perf_counter() - started
     report = mismatch_report(table, billing)
 
@@ -70,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": dict(result.counts["method"]), "match": dict(result.counts["match"]),
         "normalisations": dict(result.counts["normalisations"]),
         "logprobs_fallback": dict(result.counts["logprobs_fallback"]),
+        "prompt_render": dict(result.counts["prompt_render"]),
         "quarantine_examples": dict(result.examples), "billing": billing,
         # No timings in the file: an unchanged input gives a byte-identical metric.
         "completion_tokens": n_tokens,

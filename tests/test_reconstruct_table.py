@@ -46,8 +46,11 @@ def test_chunks_do_not_change_the_result_and_billing_is_measured_over_the_whole_
     whole, _, summary = reconstruct_table(responses, prompts, setup(qwen3_tok))
     chunked, _, summary2 = reconstruct_table(responses, prompts, setup(qwen3_tok), chunk=2)
     assert whole.equals(chunked) and summary == summary2
-    # The provider bills without the end token: measured, and every residual is 0 under it.
-    assert summary["by_provider"]["prov"]["convention"] == "excludes_end"
+    # The provider bills without the end token: learned from the truth rows, and every residual
+    # (the text-only row's included) is 0 under it.
+    prov = summary["by_provider"]["prov"]
+    assert (prov["completion"], prov["completion_source"], prov["completion_learned_from"]) == \
+        ("excludes_end", "learned", 4)
     assert set(whole.column("billing_residual").to_pylist()) == {0}
     assert set(whole.column("billing_delta").to_pylist()) == {1}
 

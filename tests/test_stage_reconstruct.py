@@ -69,7 +69,8 @@ def test_stage_writes_tokens_metrics_report_and_plot(tmp_path, qwen3_tok):
     report = json.loads((tmp_path / "mismatch.json").read_text())
     assert report["datasets"]["chat"] == {
         "rows": 2, "kept": 2, "exact": 1, "bpe_only": 0, "semantic": 0, "unknown": 1,
-        "not_reconstructed": 0, "mismatch_rate": 0.0, "billing_row_agreement": 1.0}
+        "not_reconstructed": 0, "mismatch_rate": 0.0, "billing_row_agreement": 1.0,
+        "prompt_billing_row_agreement": None}
     assert report["datasets"]["code"]["not_reconstructed"] == 2
     plot = list(csv.DictReader((tmp_path / "mismatch.csv").open()))
     assert [p["dataset"] for p in plot] == ["chat", "code", "all"]

@@ -7,6 +7,11 @@ batch (templates/encode.py Pieces), one special-parsing encode for the prefix ch
 choose the ids (truth > logprobs > text, or text when forced), classify the text method against
 the reference ids, flags, billing, quarantine.
 
+Prompt ids: with an official template (a model directory, official.py) they are the serving
+engine's: the official render encoded with added tokens parsed; else the template as code,
+encoded by segments. The code template still renders every prompt, and rows where the two texts
+differ are counted (the contract proves equality only on its probe set).
+
 Quarantined rows stay in the output with `quarantine_reason` set; kept rows have it null.
 """
 
@@ -23,9 +28,12 @@ from draftgate.reconstruct.classify import compare, first_difference
 from draftgate.reconstruct.flags import Markers, flags, prompt_think_open
 from draftgate.reconstruct.logprobs import BytesIndex
 from draftgate.reconstruct.normalise import Dialect, normalise
+from draftgate.reconstruct.request import apply_rules
+from draftgate.templates.base import Text
 
 EXAMPLES = 5  # prompt ids kept per quarantine reason in the metrics, for review
 PROMPT_IDS = "_prompt_ids"   # row key of reconstruct(joined=False); not a tokens column
+PROMPT_EXACT = "_prompt_exact"  # row key: the backend returned prompt ids equal to ours
 
 
 class ReconstructError(ValueError):
@@ -39,6 +47,8 @@ class Setup:
     special_ids: Mapping[str, int]  # from the contract, never literals
     thinking: bool
     method: str = "auto"            # auto | text
+    official: Any = None            # official.OfficialTemplate: prompts as the engine renders them
+    request_rules: tuple[str, ...] = ()   # request.py: what providers change before templating
 
 
 @dataclass
@@ -61,7 +71,7 @@ def markers(setup: Setup) -> Markers:
         raise ReconstructError(
             f"the contract has no ids for {', '.join(missing)} (template {t.name}); rerun the "
             "contract stage with this template so that every special name is resolved")
-    implicit = frozenset({ids[t.tool_marker_pairs[0][0]]}) if t.name == "kimi_k2" else frozenset()
+    implicit = frozenset({ids[t.tool_marker_pairs[0][0]]}) if _family(t) == "kimi" else frozenset()
     return Markers(end=ids[t.end_token],
                    think=(ids[t.think_tokens[0]], ids[t.think_tokens[1]]) if t.think_tokens else None,
                    tool_pairs=tuple((ids[a], ids[b]) for a, b in t.tool_marker_pairs),
@@ -80,6 +90,8 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
     out = Result([_empty_row(r, prompts.get(r["prompt_id"])) for r in responses])
     pieces = Pieces(setup.special_ids)
     by_prompt: dict[str, _Prompt] = {}
+    literal = prefix.added_tokens_pattern(setup.tok)
+    official: list[_Prompt] = []   # prompts rendered by the official template, in order
 
     # 1. Normalise and render (per row, pure Python); each prompt once, however many responses
     #    share it. Every text of the batch is planned into `pieces`.
@@ -88,7 +100,7 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
         pid = r["prompt_id"]
         pr = by_prompt.get(pid)
         if pr is None:
-            pr = by_prompt[pid] = _Prompt(prompts.get(pid), tmpl)
+            pr = by_prompt[pid] = _Prompt(prompts.get(pid), tmpl, setup.request_rules)
         if pr.bad is not None:
             out.quarantine(row, *pr.bad)
             continue
@@ -105,12 +117,9 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
                                 tool_calls=tuple([ToolCall(t.name, t.arguments, t.id) for t in c.tool_calls]),
                                 truncated=c.truncated, think_closed=think_closed)
         if pr.segments is None and pr.template_error is None:
-            try:
-                pr.segments = tmpl.render_prompt(pr.messages, pr.tools, setup.thinking)
-            except TemplateError as e:
-                pr.template_error = str(e)
-            else:
-                pr.plan = pieces.plan(pr.segments, pid)
+            pr.render(setup, pieces, literal, out)
+            if pr.official_text is not None:
+                official.append(pr)
         if pr.template_error is not None:
             out.quarantine(row, "template_error", pr.template_error)
             continue
@@ -121,11 +130,17 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
             continue
         work.append((i, pr, cseg, pieces.plan(cseg, pid), n))
 
-    # 2. Encode every distinct text of the batch at once; specials by the contract's ids.
+    # 2. Encode every distinct text of the batch at once; specials by the contract's ids. Official
+    #    renders are encoded as the engine does (added tokens parsed), also in one call.
     pieces.encode(setup.tok)
+    if official:
+        engine_ids = setup.tok.encode_batch([pr.official_text for pr in official])
+        tails = setup.tok.encode_ordinary_batch([pr.tail for pr in official])
+        for pr, ids, tail in zip(official, engine_ids, tails):
+            pr.ids, pr.last_len = ids, len(tail) if pr.tail else 0
+            pr.think_open = prompt_think_open(ids, m)
 
     # 3. Prefix check (prefix.py): one special-parsing encode of every row's boundary.
-    literal = prefix.added_tokens_pattern(setup.tok)
     windows, at = [], {}
     for k, (_, pr, cseg, _, _) in enumerate(work):
         w = prefix.window(pr.segments, cseg)
@@ -172,6 +187,9 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
         row.update(
             prompt_len=len(prompt_ids), completion_ids=final, method=method, match=cmp.match,
             first_diff=cmp.first_diff, diff_context=cmp.context, n_completion=len(final),
+            # The text method's ids where they are not the row's ids: the tokens gate recomputes
+            # the mismatch rate from them and the backend's truth ids.
+            text_ids=None if final is text_ids or final == text_ids else text_ids,
             billing_delta=billing.delta(len(final), row["billed_completion_tokens"]),
             ends_with_eos=f.ends_with_eos, think_balanced=f.think_balanced,
             tool_markers_balanced=f.tool_markers_balanced,
@@ -182,6 +200,8 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
         else:
             row[PROMPT_IDS] = prompt_ids    # table.to_arrow joins them, in numpy
         served = r.get("prompt_token_ids")   # vLLM's return_token_ids; the local server's too
+        row["prompt_source"] = "official" if pr.official_text is not None else "code"
+        row[PROMPT_EXACT] = served is not None and list(served) == prompt_ids
         if served is not None and list(served) != prompt_ids:
             j = first_difference(prompt_ids, served)
             out.quarantine(row, "prompt_ids_differ",
@@ -216,20 +236,54 @@ class _Prompt:
     literal: str | None = None              # why prefix-unstable: an added token's text in it
     special_in_text = False
     think_open = False
+    official_text: str | None = None        # the official render, when there is an official template
+    tail = ""                               # its text after the last added token
 
-    def __init__(self, p: Mapping[str, Any] | None, tmpl: Any):
+    def __init__(self, p: Mapping[str, Any] | None, tmpl: Any, rules: Sequence[str] = ()):
         if p is None:
             self.bad = ("prompt_missing", "not in the prompts table")
             return
         try:
             self.messages = json.loads(p["messages"])
-            self.tools = json.loads(p["tools"]) if p.get("tools") else None
+            self.tools = apply_rules(json.loads(p["tools"]) if p.get("tools") else None, rules)
         except json.JSONDecodeError as e:
             self.bad = ("prompt_unparseable", str(e))
             return
         self.dialect = _dialect(tmpl, self.messages)
 
+    def render(self, setup: Setup, pieces: Any, literal: Any, out: Result) -> None:
+        """Code render always; the official one too when the target has it (then its ids win)."""
+        from draftgate.official import OfficialTemplateError
+        from draftgate.templates import TemplateError
+        from draftgate.templates.base import render_text
+
+        tmpl = setup.template
+        try:
+            code = tmpl.render_prompt(self.messages, self.tools, setup.thinking)
+        except TemplateError as e:
+            self.template_error = str(e)
+            return
+        if setup.official is None:
+            self.segments = code
+            self.plan = pieces.plan(code, "prompt")
+            return
+        try:
+            text = setup.official.render(self.messages, self.tools, tmpl.jinja_kwargs(setup.thinking))
+        except OfficialTemplateError as e:
+            self.template_error = str(e)
+            return
+        self.official_text = text
+        out.counts["prompt_render"]["official_equals_code" if render_text(code) == text
+                                    else "official_differs_from_code"] += 1
+        # The engine's view: text split at every added token; only the last text matters to the
+        # prefix check, and no literal check applies (the engine's parse IS the prompt).
+        parts = literal.split(text) if literal is not None else [text]
+        self.tail = parts[-1]
+        self.segments = [Text(parts[-1])] if parts[-1] else []
+
     def finish(self, pieces: Any, literal: Any, special: frozenset[int], m: Markers) -> None:
+        if self.official_text is not None:
+            return          # ids, last_len and think_open were set from the engine's encode
         self.ids = pieces.ids(self.plan)
         self.think_open = prompt_think_open(self.ids, m)
         last = self.plan[-1] if self.plan else None
@@ -240,36 +294,51 @@ class _Prompt:
 
 # Columns settle_billing reads and writes: small enough to keep for every row of a large run.
 LIGHT = ("prompt_id", "dataset", "provider", "n_completion", "billed_completion_tokens",
-         "ends_with_eos", "match", "method", "quarantine_reason")
+         "ends_with_eos", "match", "method", "quarantine_reason", "prompt_len",
+         "billed_prompt_tokens", PROMPT_EXACT)
+SETTLED = ("billing_convention", "billing_residual", "prompt_billing_offset",
+           "prompt_billing_residual", "quarantine_reason")
 
 
-def settle_billing(rows: Sequence[dict], on_mismatch: str, out: Result) -> dict:
-    """Measure each provider's convention on the kept rows, then set every row's residual.
+def settle_billing(rows: Sequence[dict], conventions_params: Any, on_mismatch: str, out: Result) -> dict:
+    """Each provider's conventions (declared, or learned from exact rows: billing.py), then every
+    row's completion and prompt residuals under them.
 
-    Mutates rows (billing_convention, billing_residual, quarantine_reason) and returns the
-    summary. Runs once over the whole table: a convention is a property of the provider.
+    Mutates rows (SETTLED) and returns the summary. Runs once over the whole table: a convention
+    is a property of the provider.
     """
     def brow(r: dict) -> billing.BillingRow:
-        return billing.BillingRow(r["provider"], r["n_completion"], r["billed_completion_tokens"],
-                                  bool(r["ends_with_eos"]))
+        return billing.BillingRow(
+            r["provider"], r["n_completion"], r["billed_completion_tokens"], bool(r["ends_with_eos"]),
+            exact=r["method"] in ("truth", "logprobs"), prompt_len=r["prompt_len"],
+            billed_prompt=r["billed_prompt_tokens"], prompt_exact=bool(r.get(PROMPT_EXACT)))
 
     measured = [r for r in rows if r["n_completion"] is not None]
     kept = [brow(r) for r in measured if r["quarantine_reason"] is None]
-    conventions = billing.measure(kept)
+    conventions = billing.settle(kept, conventions_params.completion, conventions_params.prompt)
     for r in measured:
-        conv = conventions.get(r["provider"] or "unknown")
+        conv = conventions.get(billing.provider_key(r["provider"]))
         if conv is None:
-            continue
-        r["billing_convention"] = conv.convention
-        r["billing_residual"] = billing.residual(brow(r), conv.convention)
-        if (on_mismatch == "quarantine" and r["quarantine_reason"] is None
-                and r["billing_residual"] not in (0, None)):
-            out.quarantine(r, "billing_mismatch", f"residual {r['billing_residual']}")
+            continue        # a provider all of whose rows were quarantined
+        b = brow(r)
+        r["billing_convention"] = conv.completion
+        r["billing_residual"] = billing.residual(b, conv.completion)
+        r["prompt_billing_offset"] = conv.prompt_offset
+        r["prompt_billing_residual"] = billing.prompt_residual(b, conv.prompt_offset)
+        off = [x for x in (r["billing_residual"], r["prompt_billing_residual"]) if x not in (0, None)]
+        if on_mismatch == "quarantine" and r["quarantine_reason"] is None and off:
+            out.quarantine(r, "billing_mismatch",
+                           f"completion residual {r['billing_residual']}, prompt residual "
+                           f"{r['prompt_billing_residual']}")
     return billing.summary(kept, conventions)
 
 
+def _family(tmpl: Any) -> str:
+    return getattr(tmpl, "family", None) or tmpl.name.split("_")[0]
+
+
 def _dialect(tmpl: Any, messages: list[dict]) -> Dialect:
-    if tmpl.name != "kimi_k2":
+    if _family(tmpl) != "kimi":
         # Only Kimi numbers tool calls across the conversation; the others share one dialect.
         return _plain_dialect(tmpl.think_tokens)
     from draftgate.templates.kimi_k2 import kimi_tool_call_id
@@ -288,7 +357,7 @@ def _think_closed(tmpl: Any, c: Any, r: Mapping[str, Any], ids: Mapping[str, int
     # Kimi-K2 sometimes runs from reasoning straight into tool calls without `</think>`. The
     # provider's split cannot show it; the truth ids can. Without truth: render as the template
     # does by default (closed), and the comparison, where possible, tells.
-    if not (tmpl.name == "kimi_k2" and c.reasoning and c.tool_calls and not c.content):
+    if not (_family(tmpl) == "kimi" and c.reasoning and c.tool_calls and not c.content):
         return True
     truth = r.get("truth_ids")
     if truth is None or ids[tmpl.think_tokens[1]] in truth:
@@ -346,6 +415,8 @@ def _empty_row(r: Mapping[str, Any], p: Mapping[str, Any] | None) -> dict:
         "first_diff": None, "diff_context": None, "n_completion": None,
         "billed_completion_tokens": r.get("billed_completion_tokens"), "billing_delta": None,
         "billing_convention": None, "billing_residual": None,
+        "billed_prompt_tokens": r.get("billed_prompt_tokens"), "prompt_billing_offset": None,
+        "prompt_billing_residual": None, "prompt_source": None, "text_ids": None, PROMPT_EXACT: False,
         "finish_reason": r.get("finish_reason"), "provider": r.get("provider"),
         "ends_with_eos": None, "think_balanced": None, "tool_markers_balanced": None,
         "special_in_text": None, "normalisations": "[]", "quarantine_reason": None,

@@ -15,8 +15,9 @@ from operator import itemgetter
 from typing import Any, Iterator
 
 from draftgate.reconstruct.core import (
-    EXAMPLES, LIGHT, PROMPT_IDS, Result, Setup, reconstruct, settle_billing,
+    EXAMPLES, LIGHT, PROMPT_IDS, SETTLED, Result, Setup, reconstruct, settle_billing,
 )
+from draftgate.config import BillingParams
 from draftgate.reconstruct.logprobs import BytesIndex
 
 # Rows per core.reconstruct call. Small enough that a chunk's id lists stay in cache and the
@@ -26,16 +27,17 @@ MATCHES = ("exact", "bpe_only", "semantic", "unknown")
 
 
 def reconstruct_table(responses: Any, prompts: Any, setup: Setup, on_billing_mismatch: str = "keep",
-                      chunk: int = CHUNK) -> tuple[Any, Result, dict]:
+                      chunk: int = CHUNK, billing_params: Any = None) -> tuple[Any, Result, dict]:
     # Millions of short-lived id lists and row dicts, and no reference cycles among them: the
     # cyclic collector would rescan the growing heap again and again for nothing (~25% of the
     # time with it on).
     with _collector_paused():
-        return _reconstruct_table(responses, prompts, setup, on_billing_mismatch, chunk)
+        return _reconstruct_table(responses, prompts, setup, on_billing_mismatch, chunk,
+                                  billing_params or BillingParams())
 
 
 def _reconstruct_table(responses: Any, prompts: Any, setup: Setup, on_billing_mismatch: str,
-                       chunk: int) -> tuple[Any, Result, dict]:
+                       chunk: int, billing_params: Any) -> tuple[Any, Result, dict]:
     import pyarrow as pa
 
     from draftgate import schema
@@ -51,8 +53,8 @@ def _reconstruct_table(responses: Any, prompts: Any, setup: Setup, on_billing_mi
         light.extend({k: r[k] for k in LIGHT} for r in res.rows)
         _merge(total, res)
     table = pa.concat_tables(tables) if tables else schema.tokens().empty_table()
-    summary = settle_billing(light, on_billing_mismatch, total)
-    for name in ("billing_convention", "billing_residual", "quarantine_reason"):
+    summary = settle_billing(light, billing_params, on_billing_mismatch, total)
+    for name in SETTLED:
         col = pa.array([r.get(name) for r in light], type=table.schema.field(name).type)
         table = table.set_column(table.schema.get_field_index(name), name, col)
     return table, total, summary
@@ -165,10 +167,11 @@ def _list(offsets: Any, values: Any, missing: Any) -> Any:
 
 def mismatch_report(tokens: Any, billing_summary: dict) -> dict:
     """Per dataset: rows, match classes, mismatch rate of the text method, billing agreement."""
-    cols = tokens.select(["dataset", "match", "quarantine_reason", "billing_residual"]).to_pydict()
+    cols = tokens.select(["dataset", "match", "quarantine_reason", "billing_residual",
+                          "prompt_billing_residual"]).to_pydict()
     per: dict[str, Counter] = defaultdict(Counter)
-    for ds, match, q, res in zip(cols["dataset"], cols["match"], cols["quarantine_reason"],
-                                 cols["billing_residual"]):
+    for ds, match, q, res, pres in zip(cols["dataset"], cols["match"], cols["quarantine_reason"],
+                                       cols["billing_residual"], cols["prompt_billing_residual"]):
         for key in (ds or "unknown", "all"):
             c = per[key]
             c["rows"] += 1
@@ -177,6 +180,9 @@ def mismatch_report(tokens: Any, billing_summary: dict) -> dict:
             if q is None and res is not None:
                 c["billed"] += 1
                 c["billing_agree"] += res == 0
+            if q is None and pres is not None:
+                c["prompt_billed"] += 1
+                c["prompt_billing_agree"] += pres == 0
     out = {}
     for ds, c in sorted(per.items(), key=lambda kv: (kv[0] == "all", kv[0])):
         known = c["exact"] + c["bpe_only"] + c["semantic"]
@@ -186,6 +192,8 @@ def mismatch_report(tokens: Any, billing_summary: dict) -> dict:
             # Of the rows whose real ids are known: how often re-encoding the text got them wrong.
             "mismatch_rate": round((known - c["exact"]) / known, 6) if known else None,
             "billing_row_agreement": round(c["billing_agree"] / c["billed"], 6) if c["billed"] else None,
+            "prompt_billing_row_agreement": (round(c["prompt_billing_agree"] / c["prompt_billed"], 6)
+                                             if c["prompt_billed"] else None),
         }
     return {"datasets": out, "billing": billing_summary}
 

