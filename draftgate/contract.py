@@ -214,7 +214,7 @@ def template_roles(template: Any, ids: Mapping[str, int]) -> dict[str, Any] | No
     implicit = [ids[template.tool_marker_pairs[0][0]]] if template.name.startswith("kimi") else []
     inner = sorted(ids[n] for n in names if n in markers)
     return {
-        "end": ids[template.end_token],
+        "end_id": ids[template.end_token],
         "think_open": think[0] if think else None,
         "think_close": think[1] if think else None,
         "tool_pairs": pairs,

@@ -82,6 +82,11 @@ def register_input(con, inp: Input, files: list[Path], table_key: str | None) ->
         elif suffix in (".jsonl", ".ndjson"):
             con.execute(f"CREATE VIEW {_ident(inp.name)} AS SELECT * FROM "
                         f"read_json({listing}, format='newline_delimited')")
+        elif suffix == ".json" and table_key is None and _is_object(files[0]):
+            # A side input that is one JSON document (contract.json): one row, nested fields as
+            # structs, e.g. `SELECT roles.end_id FROM contract`.
+            con.execute(f"CREATE VIEW {_ident(inp.name)} AS SELECT * FROM read_json({listing}, "
+                        "format='unstructured', maximum_object_size=268435456)")
         elif suffix == ".json":
             con.register(inp.name, json_table(inp, files[0], table_key))
         else:
@@ -91,6 +96,11 @@ def register_input(con, inp: Input, files: list[Path], table_key: str | None) ->
     except duckdb.Error as e:
         raise GateError(f"input {inp.name!r}: {inp.path}: unreadable as {suffix[1:]}: {_one_line(e)}; "
                         "regenerate the file with the stage that writes it") from None
+
+
+def _is_object(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(64).lstrip()[:1] == b"{"
 
 
 def json_table(inp: Input, path: Path, table_key: str | None):

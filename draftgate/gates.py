@@ -13,7 +13,7 @@ Suite file (expectations/<name>.json):
     {"name": "tokens",                      # also the artifact's input name, unless NAME=PATH
      "params_section": "tokens",            # gates.<section> of params.yaml (default: name)
      "table": "checks",                     # JSON document artifact: validate the list under it
-     "view": "SELECT ... FROM tokens",      # DuckDB SQL over the named inputs
+     "view": "SELECT ... FROM tokens",      # DuckDB SQL over the named inputs (or a list of lines)
      "expectations": [{"type": "expect_column_values_to_not_be_null",
                        "kwargs": {"column": "prompt_id"}, "meta": {...}}]}
 A kwarg {"$PARAMETER": "field"} takes the value of gates.<section>.field; the suite GX runs (and
@@ -98,13 +98,16 @@ def parse_suite(doc: Any, path: str = "suite", sha256: str = "") -> Suite:
         if not isinstance(kwargs, dict) or not isinstance(meta, dict):
             raise GateError(f"{where}: \"kwargs\" and \"meta\" must be JSON objects")
         specs.append(ExpectationSpec(item["type"], kwargs, meta, item.get("description")))
-    for key in ("table", "view", "params_section"):
-        if doc.get(key) is not None and not isinstance(doc[key], str):
-            raise GateError(f"{path}: \"{key}\" must be a string, got {doc[key]!r}")
+    view = doc.get("view")
+    if isinstance(view, list) and view and all(isinstance(line, str) for line in view):
+        view = "\n".join(view)     # a long view reads better as one SQL line per JSON string
+    for key, value in (("table", doc.get("table")), ("view", view), ("params_section", doc.get("params_section"))):
+        if value is not None and not isinstance(value, str):
+            raise GateError(f"{path}: \"{key}\" must be a string (the view: or a list of lines), got {value!r}")
     if not isinstance(doc.get("meta", {}), dict):
         raise GateError(f"{path}: \"meta\" must be a JSON object")
     return Suite(name=name, path=path, sha256=sha256, expectations=tuple(specs),
-                 params_section=doc.get("params_section") or name, table=doc.get("table"), view=doc.get("view"),
+                 params_section=doc.get("params_section") or name, table=doc.get("table"), view=view,
                  meta=doc.get("meta", {}))
 
 

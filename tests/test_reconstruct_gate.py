@@ -13,12 +13,15 @@ import pytest
 import yaml
 
 from draftgate import gates
+from draftgate.config import BillingParams
+from draftgate.contract import template_roles
 from draftgate.reconstruct.core import Setup
 from draftgate.reconstruct.table import reconstruct_table
-from draftgate.templates import get_template
+from draftgate.templates import encode_segments, get_template
 
 SUITE = Path(__file__).resolve().parents[1] / "expectations" / "tokens.json"
 THRESHOLDS = {"max_billing_delta_rate": 0.0004, "min_row_billing_agreement": 0.98,
+              "max_prompt_billing_delta_rate": 0.0004, "min_prompt_billing_agreement": 0.98,
               "max_mismatch_rate": 0.5, "max_semantic": 0, "max_quarantine_rate": 0.05}
 
 
@@ -36,23 +39,47 @@ def prompt(pid):
             "messages": json.dumps([{"role": "user", "content": f"Say hello ({pid})."}])}
 
 
-def resp(pid, content, truth, billed):
+def resp(pid, content, truth, billed, served=None, billed_prompt=None):
+    """A backend's row; `served`: the prompt ids it returned (and billed, unless billed_prompt)."""
     return {"prompt_id": pid, "dataset": "chat", "status": "ok", "finish_reason": "stop",
-            "content": content, "provider": "local", "truth_ids": truth, "billed_completion_tokens": billed}
+            "content": content, "provider": "local", "truth_ids": truth, "billed_completion_tokens": billed,
+            "prompt_token_ids": served,
+            "billed_prompt_tokens": billed_prompt if billed_prompt is not None else (len(served) if served else None)}
 
 
-def run_gate(tmp_path, tok, template, ids, rows, prompts, **thresholds):
+def served_prompt(tok, template, pid, tools=None):
+    """The prompt ids a serving engine would return for prompt(pid)."""
+    t = get_template(template)
+    segs = t.render_prompt(json.loads(prompt(pid)["messages"]), tools, False)
+    return encode_segments(tok, [segs], names(tok, template))[0]
+
+
+def run_gate(tmp_path, tok, template, ids, rows, prompts, corrupt=None, billing=None, rules=(), **thresholds):
+    """Reconstruct, optionally corrupt the tokens table (`corrupt(table) -> table`), gate it."""
     responses, prompts = tables(rows, prompts)
-    table, _, _ = reconstruct_table(responses, prompts, Setup(tok, get_template(template), ids, False))
+    setup = Setup(tok, get_template(template), ids, False, request_rules=tuple(rules))
+    table, _, _ = reconstruct_table(responses, prompts, setup, billing_params=billing)
+    if corrupt is not None:
+        table = corrupt(table)
+    return gate(tmp_path, table, responses, template, ids, **thresholds) + (table,)
+
+
+def gate(tmp_path, table, responses, template, ids, **thresholds):
     import pyarrow.parquet as pq
 
     pq.write_table(table, tmp_path / "tokens.parquet")
+    pq.write_table(responses, tmp_path / "responses.parquet")
+    # The contract as the contract stage writes it: the verified ids by role.
+    (tmp_path / "contract.json").write_text(json.dumps(
+        {"special_ids": ids, "roles": template_roles(get_template(template), ids)}))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"gates": {"tokens": {**THRESHOLDS, **thresholds}}}))
     code = gates.main([str(SUITE), str(tmp_path / "tokens.parquet"), "--result", str(tmp_path / "r.json"),
+                       "--input", f"responses={tmp_path / 'responses.parquet'}",
+                       "--input", f"contract={tmp_path / 'contract.json'}",
                        "--params", str(tmp_path / "params.yaml"), "--no-docs"])
     result = json.loads((tmp_path / "r.json").read_text())
     failed = {e["kwargs"].get("column") for e in result["expectations"] if not e["success"]}
-    return code, failed, table
+    return code, failed
 
 
 def names(tok, template):
@@ -65,7 +92,7 @@ def good_rows(qwen3_tok):
     rows = []
     for k, text in enumerate(texts):
         truth = qwen3_tok.encode(text + "<|im_end|>")
-        rows.append(resp(f"p{k}", text, truth, len(truth)))
+        rows.append(resp(f"p{k}", text, truth, len(truth), served_prompt(qwen3_tok, "qwen3", f"p{k}")))
     return rows, [prompt(f"p{k}") for k in range(len(texts))]
 
 
@@ -104,9 +131,17 @@ def test_a_contract_id_that_text_can_produce_shows_up_as_a_special_id_in_text(tm
 def test_billing_that_disagrees_beyond_the_aggregate_threshold_fails(tmp_path, qwen3_tok, good_rows):
     rows, prompts = good_rows
     rows = [dict(r, billed_completion_tokens=r["billed_completion_tokens"] + 1) for r in rows]
-    code, failed, _ = run_gate(tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), rows, prompts)
+    code, failed, _ = run_gate(tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), rows, prompts,
+                               billing=BillingParams(completion={"*": "counts_end"}))
     assert code == 1
     assert failed == {"kept_billing_residual", "billing_row_agreement"}
+
+
+def test_bills_that_fit_no_convention_and_none_declared_fail_naming_the_provider(tmp_path, qwen3_tok, good_rows):
+    rows, prompts = good_rows
+    rows = [dict(r, billed_completion_tokens=r["billed_completion_tokens"] + 1) for r in rows]
+    code, failed, _ = run_gate(tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), rows, prompts)
+    assert code == 1 and "completion_convention_unknown" in failed
 
 
 def test_a_semantic_row_where_truth_is_known_fails_and_the_mismatch_rate_is_per_dataset(tmp_path, qwen3_tok, good_rows):
@@ -117,3 +152,111 @@ def test_a_semantic_row_where_truth_is_known_fails_and_the_mismatch_rate_is_per_
                                prompts + [prompt("p9")], max_mismatch_rate=0.2)
     assert code == 1
     assert failed == {"n_semantic", "dataset_mismatch_rate"}
+
+
+# ---------------------------------------------------------------- the gate recomputes: corrupt ids, not flags
+
+def edit(table, pid, completion=None, prompt_extra=(), loss_mask=None):
+    """The same row with other ids, kept self-consistent (input = prompt + completion, the mask on
+    the completion), while every column the reconstruct stage wrote about the row stays as it was."""
+    import pyarrow as pa
+
+    rows = table.to_pylist()
+    for r in rows:
+        if r["prompt_id"] != pid:
+            continue
+        prompt = r["input_ids"][:r["prompt_len"]]
+        prompt = prompt[:1] + list(prompt_extra) + prompt[1:]
+        comp = completion(r["completion_ids"]) if completion else r["completion_ids"]
+        r["completion_ids"], r["input_ids"] = comp, prompt + comp
+        r["loss_mask"] = loss_mask or [0] * len(prompt) + [1] * len(comp)
+        r["prompt_len"] = len(prompt)
+    return pa.Table.from_pylist(rows, schema=table.schema)
+
+
+def qwen3_id(tok, name):
+    return tok.token_id(name)
+
+
+@pytest.mark.parametrize("corruption, check", [
+    (lambda tok: dict(completion=lambda c: c[:-1]), "kept_without_end_token"),
+    (lambda tok: dict(completion=lambda c: c[:1] + [qwen3_id(tok, "</think>")] + c[1:]), "kept_think_unbalanced"),
+    (lambda tok: dict(completion=lambda c: c[:1] + [qwen3_id(tok, "<tool_call>")] + c[1:]), "kept_tool_markers_unbalanced"),
+    (lambda tok: dict(completion=lambda c: c[:1] + [qwen3_id(tok, "<|im_start|>")] + c[1:]), "special_id_in_text"),
+    (lambda tok: dict(completion=lambda c: c[:1] + [qwen3_id(tok, "<|im_end|>")] + c[1:]), "special_id_in_text"),
+    (lambda tok: dict(loss_mask=[1] * 40), "kept_bad_shape"),
+])
+def test_ids_corrupted_behind_the_producers_flags_fail_the_gate(tmp_path, qwen3_tok, good_rows, corruption, check):
+    code, failed, table = run_gate(tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), *good_rows,
+                                   corrupt=lambda t: edit(t, "p1", **corruption(qwen3_tok)))
+    row = table.to_pylist()[1]
+    # What the producer said about the row is untouched: only the ids changed.
+    assert (row["ends_with_eos"], row["think_balanced"], row["tool_markers_balanced"],
+            row["special_in_text"], row["billing_residual"]) == (True, True, True, False, 0)
+    assert code == 1 and check in failed
+
+
+def test_a_bill_altered_in_the_responses_fails_although_the_tokens_table_still_says_it_agrees(
+        tmp_path, qwen3_tok, good_rows):
+    import pyarrow as pa
+
+    rows, prompts = good_rows
+    responses, prompts_t = tables(rows, prompts)
+    ids = names(qwen3_tok, "qwen3")
+    table, _, _ = reconstruct_table(responses, prompts_t, Setup(qwen3_tok, get_template("qwen3"), ids, False))
+    bills = responses.column("billed_completion_tokens").to_pylist()
+    bills[0] += 7
+    responses = responses.set_column(responses.schema.get_field_index("billed_completion_tokens"),
+                                     "billed_completion_tokens", pa.array(bills, pa.int64()))
+    assert set(table.column("billing_residual").to_pylist()) == {0}
+    code, failed = gate(tmp_path, table, responses, "qwen3", ids)
+    assert code == 1 and {"kept_billing_residual", "billing_row_agreement"} <= failed
+
+
+def test_a_systematic_off_by_one_fails_instead_of_switching_the_convention(tmp_path, qwen3_tok, good_rows):
+    # Every completion one id longer than what was billed (an extra token before the end), as a
+    # reconstruction bug would make it: the learned convention (counts_end, from the truth rows
+    # as they were) stays in the table; excludes_end would fit every corrupted row.
+    pad = qwen3_tok.encode_ordinary(" ")[0]
+
+    def longer(t):
+        for pid in ("p0", "p1", "p2"):
+            t = edit(t, pid, completion=lambda c: c[:-1] + [pad] + c[-1:])
+        return t
+    code, failed, table = run_gate(tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), *good_rows, corrupt=longer)
+    assert set(table.column("billing_convention").to_pylist()) == {"counts_end"}
+    assert code == 1
+    assert {"completion_convention_disagrees", "billing_row_agreement", "kept_billing_residual"} <= failed
+
+
+def test_a_default_system_turn_inserted_by_mistake_fails_prompt_billing(tmp_path, qwen3_tok, good_rows):
+    # The provider billed the prompt it rendered (no system turn); our prompt carries one more turn.
+    extra = qwen3_tok.encode("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+    code, failed, _ = run_gate(
+        tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), *good_rows,
+        corrupt=lambda t: edit(edit(edit(t, "p0", prompt_extra=extra), "p1", prompt_extra=extra), "p2", prompt_extra=extra))
+    assert code == 1
+    assert {"kept_prompt_residual", "prompt_billing_row_agreement", "prompt_offset_disagrees"} <= failed
+
+
+STRICT_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
+                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                                                "strict": False}}
+
+
+def test_tool_prompts_are_billed_as_providers_render_them_only_with_the_strict_rule(tmp_path, qwen3_tok):
+    # Recorded-like: Qwen3 on Novita/DeepInfra bills the request without "strict" (5 tokens per tool fewer).
+    loose = {**STRICT_TOOL, "function": {k: v for k, v in STRICT_TOOL["function"].items() if k != "strict"}}
+    billed_prompt = len(served_prompt(qwen3_tok, "qwen3", "p0", [loose]))
+    # 4 tokens here (', "strict": false' before the closing braces); 5 in the recorded requests.
+    assert len(served_prompt(qwen3_tok, "qwen3", "p0", [STRICT_TOOL])) - billed_prompt == 4
+    truth = qwen3_tok.encode("Sunny.<|im_end|>")
+    rows = [dict(resp("p0", "Sunny.", truth, len(truth), billed_prompt=billed_prompt), provider="Novita")]
+    prompts = [dict(prompt("p0"), tools=json.dumps([STRICT_TOOL]))]
+    declared = BillingParams(completion={"*": "counts_end"}, prompt={"novita": 0})
+    ids = names(qwen3_tok, "qwen3")
+    code, failed, _ = run_gate(tmp_path, qwen3_tok, "qwen3", ids, rows, prompts, billing=declared,
+                               rules=["drop_function_strict"])
+    assert (code, failed) == (0, set())
+    code, failed, _ = run_gate(tmp_path, qwen3_tok, "qwen3", ids, rows, prompts, billing=declared)
+    assert code == 1 and {"kept_prompt_residual", "prompt_billing_row_agreement"} <= failed
