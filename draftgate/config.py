@@ -34,7 +34,7 @@ class TokenizerParams:
 @dataclass(frozen=True)
 class TemplateParams:
     # deepseek: no official chat template ships offline for the one DeepSeek tokenizer we have (V4).
-    name: Literal["chatml", "qwen3", "kimi_k2"] = "chatml"
+    name: Literal["chatml", "qwen3", "kimi_k2", "kimi_k2_thinking", "kimi_k25"] = "chatml"
     # Qwen3: enable_thinking; Kimi-K2.5: the generation prompt prefills <think>.
     thinking: bool = False
 

@@ -7,13 +7,18 @@ from draftgate.templates.base import (
 )
 from draftgate.templates.chatml import ChatMLTemplate
 from draftgate.templates.encode import Encoded, MissingSpecialError, encode_segments, encode_segments_spans
-from draftgate.templates.kimi_k2 import KimiK2Template, kimi_tool_call_id
+from draftgate.templates.kimi import kimi_tool_call_id
+from draftgate.templates.kimi_k2 import KimiK2Template
+from draftgate.templates.kimi_k25 import KimiK25Template
+from draftgate.templates.kimi_k2_thinking import KimiK2ThinkingTemplate
 from draftgate.templates.qwen3 import Qwen3Template
 
 TEMPLATES: dict[str, type[ChatTemplate]] = {
     "chatml": ChatMLTemplate,
     "qwen3": Qwen3Template,
     "kimi_k2": KimiK2Template,
+    "kimi_k2_thinking": KimiK2ThinkingTemplate,
+    "kimi_k25": KimiK25Template,
 }
 
 
@@ -38,8 +43,8 @@ def get_template(name: str) -> ChatTemplate:
 
 
 __all__ = [
-    "ChatTemplate", "ChatMLTemplate", "Completion", "Encoded", "KimiK2Template", "MissingSpecialError",
-    "Qwen3Template", "Segment", "Special", "TEMPLATES", "TemplateError", "Text", "ToolCall",
-    "encode_segments", "encode_segments_spans", "get_template", "kimi_tool_call_id", "merge_text",
-    "render_text",
+    "ChatTemplate", "ChatMLTemplate", "Completion", "Encoded", "KimiK25Template", "KimiK2Template",
+    "KimiK2ThinkingTemplate", "MissingSpecialError", "Qwen3Template", "Segment", "Special", "TEMPLATES",
+    "TemplateError", "Text", "ToolCall", "encode_segments", "encode_segments_spans", "get_template",
+    "kimi_tool_call_id", "merge_text", "render_text",
 ]

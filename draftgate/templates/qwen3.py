@@ -1,7 +1,10 @@
 """Qwen3 (the hybrid-thinking Qwen3 models' official template).
 
-Source: the `chat_template` of Qwen3's tokenizer_config.json, as copied to llama.cpp's
-`models/templates/Qwen-Qwen3-0.6B.jinja`. What we reproduce from it:
+Source: the `chat_template` of Qwen3-0.6B's tokenizer_config.json as llama.cpp copied it
+(ggml-org/llama.cpp `models/templates/Qwen-Qwen3-0.6B.jinja`, added in e121edc4324a, PR #13771).
+A later revision of the official file (Qwen/Qwen3-8B @ 895c8d171bc0) only adds `is string` guards
+for non-string content and reasoning; for string content, the only kind accepted here, it renders
+the same bytes, so one class stands for both. What we reproduce:
 - tools go into the system turn: the fixed wording below (byte-exact: the model was trained on
   it) then one `tojson` line per tool inside <tools></tools>;
 - tool results become one user turn of <tool_response> blocks per run of tool messages;
@@ -37,11 +40,17 @@ TOOLS_EXAMPLE = '\n{"name": <function-name>, "arguments": <args-json-object>}\n'
 
 class Qwen3Template(ChatTemplate):
     name = "qwen3"
+    family = "qwen3"
+    official = ("Qwen3-0.6B/8B tokenizer_config.json chat_template (llama.cpp models/templates/"
+                "Qwen-Qwen3-0.6B.jinja @ e121edc4324a; renders as Qwen3-8B @ 895c8d171bc0 for string content)")
     special_names = frozenset({IM_START, IM_END, THINK, END_THINK, TOOL_CALL, END_TOOL_CALL,
                                TOOL_RESPONSE, END_TOOL_RESPONSE})
     end_token = IM_END
     think_tokens = (THINK, END_THINK)
     tool_marker_pairs = ((TOOL_CALL, END_TOOL_CALL), (TOOL_RESPONSE, END_TOOL_RESPONSE))
+
+    def jinja_kwargs(self, thinking: bool) -> dict:
+        return {"enable_thinking": thinking}
 
     def render_prompt(self, messages: list[dict], tools: list[dict] | None, thinking: bool) -> list[Segment]:
         check_messages(self.name, messages)
