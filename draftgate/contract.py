@@ -226,6 +226,16 @@ def template_roles(template: Any, ids: Mapping[str, int]) -> dict[str, Any] | No
     }
 
 
+def vocab_table(tok: Any) -> Any:
+    """Every id's bytes (hex), so gates can decode ids without loading the tokenizer: a second
+    opinion on whether two id sequences spell the same text."""
+    import pyarrow as pa
+
+    ids = range(tok.vocab_size)
+    return pa.table({"id": pa.array(ids, pa.int32()),
+                     "hex": pa.array([tok.token_bytes(i).hex() for i in ids], pa.string())})
+
+
 def boundary_probe(tok: Any, pairs: Sequence[Sequence[str]]) -> tuple[Probe, ...]:
     for i, p in enumerate(pairs):
         if not (isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(s, str) for s in p)):
@@ -302,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default="params.yaml", help="params file (tokenizer, template, contract)")
     p.add_argument("--out", required=True, help="contract JSON to write")
     p.add_argument("--metrics", help="stage metrics JSON to write")
+    p.add_argument("--vocab", help="Parquet of every id's bytes (id, hex), for the gates to decode with")
     p.add_argument("--defer-to-gate", action="store_true", help=(
         "exit 0 even when the contract fails: the gate stage on contract.json fails instead, and the "
         "Data Docs show the failing checks"))
@@ -334,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"contract: {e}", file=sys.stderr)
         return 2
     write_json(args.out, result.to_dict())
+    if args.vocab:
+        from draftgate.io import write_parquet
+
+        write_parquet(args.vocab, vocab_table(tok))
     if args.metrics:
         m = StageMetrics("contract", rows_in=len(result.checks), rows_out=len(result.checks) - len(result.failures()))
         for c in result.failures():

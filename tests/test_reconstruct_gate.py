@@ -14,7 +14,7 @@ import yaml
 
 from draftgate import gates
 from draftgate.config import BillingParams
-from draftgate.contract import template_roles
+from draftgate.contract import template_roles, vocab_table
 from draftgate.reconstruct.core import Setup
 from draftgate.reconstruct.table import reconstruct_table
 from draftgate.templates import encode_segments, get_template
@@ -61,10 +61,13 @@ def run_gate(tmp_path, tok, template, ids, rows, prompts, corrupt=None, billing=
     table, _, _ = reconstruct_table(responses, prompts, setup, billing_params=billing)
     if corrupt is not None:
         table = corrupt(table)
-    return gate(tmp_path, table, responses, template, ids, **thresholds) + (table,)
+    return gate(tmp_path, tok, table, responses, template, ids, **thresholds) + (table,)
 
 
-def gate(tmp_path, table, responses, template, ids, **thresholds):
+_VOCABS: dict = {}
+
+
+def gate(tmp_path, tok, table, responses, template, ids, **thresholds):
     import pyarrow.parquet as pq
 
     pq.write_table(table, tmp_path / "tokens.parquet")
@@ -72,10 +75,14 @@ def gate(tmp_path, table, responses, template, ids, **thresholds):
     # The contract as the contract stage writes it: the verified ids by role.
     (tmp_path / "contract.json").write_text(json.dumps(
         {"special_ids": ids, "roles": template_roles(get_template(template), ids)}))
+    if tok.name not in _VOCABS:
+        _VOCABS[tok.name] = vocab_table(tok)
+    pq.write_table(_VOCABS[tok.name], tmp_path / "vocab.parquet")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"gates": {"tokens": {**THRESHOLDS, **thresholds}}}))
     code = gates.main([str(SUITE), str(tmp_path / "tokens.parquet"), "--result", str(tmp_path / "r.json"),
                        "--input", f"responses={tmp_path / 'responses.parquet'}",
                        "--input", f"contract={tmp_path / 'contract.json'}",
+                       "--input", f"vocab={tmp_path / 'vocab.parquet'}",
                        "--params", str(tmp_path / "params.yaml"), "--no-docs"])
     result = json.loads((tmp_path / "r.json").read_text())
     failed = {e["kwargs"].get("column") for e in result["expectations"] if not e["success"]}
@@ -209,7 +216,7 @@ def test_a_bill_altered_in_the_responses_fails_although_the_tokens_table_still_s
     responses = responses.set_column(responses.schema.get_field_index("billed_completion_tokens"),
                                      "billed_completion_tokens", pa.array(bills, pa.int64()))
     assert set(table.column("billing_residual").to_pylist()) == {0}
-    code, failed = gate(tmp_path, table, responses, "qwen3", ids)
+    code, failed = gate(tmp_path, qwen3_tok, table, responses, "qwen3", ids)
     assert code == 1 and {"kept_billing_residual", "billing_row_agreement"} <= failed
 
 
@@ -260,3 +267,18 @@ def test_tool_prompts_are_billed_as_providers_render_them_only_with_the_strict_r
     assert (code, failed) == (0, set())
     code, failed, _ = run_gate(tmp_path, qwen3_tok, "qwen3", ids, rows, prompts, billing=declared)
     assert code == 1 and {"kept_prompt_residual", "prompt_billing_row_agreement"} <= failed
+
+
+def test_text_ids_that_spell_other_text_fail_as_semantic_although_the_row_says_exact(tmp_path, qwen3_tok, good_rows):
+    import pyarrow as pa
+
+    other = qwen3_tok.encode("Hi there!<|im_end|>")     # truth spells "Hi there."
+
+    def swap(t):
+        rows = t.to_pylist()
+        rows[1]["text_ids"] = other
+        return pa.Table.from_pylist(rows, schema=t.schema)
+    code, failed, table = run_gate(tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), *good_rows,
+                                   corrupt=swap, max_mismatch_rate=0.2)
+    assert table.column("match").to_pylist()[1] == "exact"
+    assert code == 1 and failed == {"n_semantic", "dataset_mismatch_rate"}
