@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from draftgate.templates import (
     Completion, MissingSpecialError, Special, TemplateError, Text, ToolCall, encode_segments,
-    encode_segments_spans, get_template, kimi_tool_call_id, merge_text, render_text,
+    encode_segments_spans, get_template, merge_text, render_text,
 )
 
 ODD_ARGS = '{"a":1,  "b" : [1,2]}'          # spacing a re-serialiser would destroy
@@ -181,121 +181,6 @@ def test_qwen3_history_reasoning_written_inline_in_content_is_split_off_like_the
                    "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n", t)
 
 
-# ---------------------------------------------------------------- kimi_k2
-
-KIMI_SYSTEM = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
-KIMI_GEN = "<|im_assistant|>assistant<|im_middle|>"
-
-
-def test_kimi_thinking_prefills_think_and_the_completion_closes_it():
-    t = get_template("kimi_k2")
-    msgs = [{"role": "user", "content": "2+2?"}]
-    assert_renders(t.render_prompt(msgs, None, True),
-                   KIMI_SYSTEM + "<|im_user|>user<|im_middle|>2+2?<|im_end|>" + KIMI_GEN + "<think>", t)
-    assert_renders(t.render_completion(Completion("Add.", "4"), True), "Add.</think>4<|im_end|>", t)
-    assert_renders(t.render_completion(Completion("", "4"), True), "</think>4<|im_end|>", t)
-
-
-def test_kimi_thinking_disabled_prefills_an_empty_think_block():
-    t = get_template("kimi_k2")
-    segs = t.render_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
-                           None, False)
-    assert_renders(segs, "<|im_system|>system<|im_middle|>Be brief.<|im_end|>"
-                         "<|im_user|>user<|im_middle|>2+2?<|im_end|>" + KIMI_GEN + "<think></think>", t)
-    assert_renders(t.render_completion(Completion(None, "4"), False), "4<|im_end|>", t)
-
-
-TWO_KIMI_CALLS = ("<|tool_calls_section_begin|>"
-                  '<|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>{"a":1,  "b" : [1,2]}<|tool_call_end|>'
-                  '<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
-                  "<|tool_calls_section_end|>")
-
-
-def test_kimi_two_tool_calls_only_restore_functions_ids_and_keep_arguments_verbatim():
-    t = get_template("kimi_k2")
-    assert_renders(t.render_completion(Completion("Call.", None, TWO_CALLS), True),
-                   "Call.</think>" + TWO_KIMI_CALLS + "<|im_end|>", t)
-
-
-def test_kimi_can_render_reasoning_running_into_tool_calls_without_think_end():
-    t = get_template("kimi_k2")
-    c = Completion("Call.", None, TWO_CALLS, think_closed=False)
-    assert_renders(t.render_completion(c, True), "Call." + TWO_KIMI_CALLS + "<|im_end|>", t)
-    with pytest.raises(TemplateError, match="think_closed"):
-        t.render_completion(Completion("Call.", "text", think_closed=False), True)
-
-
-def test_kimi_truncated_completion_has_no_end_token_and_no_think_end_inside_reasoning():
-    t = get_template("kimi_k2")
-    assert_renders(t.render_completion(Completion("Let me th", None, truncated=True), True), "Let me th", t)
-    assert_renders(t.render_completion(Completion("R", "part", truncated=True), True), "R</think>part", t)
-
-
-def test_kimi_declares_tools_as_key_sorted_json_before_the_default_system_turn():
-    t = get_template("kimi_k2")
-    segs = t.render_prompt([{"role": "user", "content": "add 1 and 2"}], [ADD_TOOL], True)
-    assert_renders(segs,
-                   "<|im_system|>tool_declare<|im_middle|>"
-                   '[{"function": {"name": "add", "parameters": {"type": "object"}}, "type": "function"}]'
-                   "<|im_end|>" + KIMI_SYSTEM + "<|im_user|>user<|im_middle|>add 1 and 2<|im_end|>"
-                   + KIMI_GEN + "<think>", t)
-
-
-def test_kimi_history_keeps_reasoning_only_after_the_last_plain_assistant_turn():
-    t = get_template("kimi_k2")
-    msgs = [
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "reasoning_content": "Greet.", "content": "Hello!"},
-        {"role": "user", "content": "Weather in Paris and 1+2?"},
-        {"role": "assistant", "reasoning": "Two tools.", "content": "", "tool_calls": [
-            history_call("functions.get_weather:0", "get_weather", WEATHER_ARGS),
-            history_call("functions.add:1", "add", '{"a": 1, "b": 2}')]},
-        {"role": "tool", "name": "get_weather", "tool_call_id": "functions.get_weather:0", "content": "18C"},
-        {"role": "tool", "tool_call_id": "functions.add:1", "content": "3"},
-    ]
-    assert_renders(t.render_prompt(msgs, None, True),
-                   KIMI_SYSTEM + "<|im_user|>user<|im_middle|>Hi<|im_end|>"
-                   "<|im_assistant|>assistant<|im_middle|><think></think>Hello!<|im_end|>"
-                   "<|im_user|>user<|im_middle|>Weather in Paris and 1+2?<|im_end|>"
-                   "<|im_assistant|>assistant<|im_middle|><think>Two tools.</think>"
-                   "<|tool_calls_section_begin|>"
-                   '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
-                   '<|tool_call_begin|>functions.add:1<|tool_call_argument_begin|>{"a": 1, "b": 2}<|tool_call_end|>'
-                   "<|tool_calls_section_end|><|im_end|>"
-                   "<|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:0\n18C<|im_end|>"
-                   "<|im_system|>tool<|im_middle|>## Return of functions.add:1\n3<|im_end|>"
-                   + KIMI_GEN + "<think>", t)
-
-
-def test_kimi_tool_declaration_is_pluggable_for_k25_typescript_declarations():
-    from draftgate.templates import KimiK2Template
-
-    t = KimiK2Template(declare_tools=lambda tools: f"# Tools ({len(tools)})")
-    segs = t.render_prompt([{"role": "system", "content": "S"}, {"role": "user", "content": "u"}], [ADD_TOOL], True)
-    assert render_text(segs).startswith("<|im_system|>tool_declare<|im_middle|># Tools (1)<|im_end|>"
-                                        "<|im_system|>system<|im_middle|>S<|im_end|>")
-
-
-@pytest.mark.parametrize("raw, idx, expected", [
-    ("add:0", 5, "functions.add:0"),                     # OpenRouter stripped "functions."
-    ("functions.add:3", 0, "functions.add:3"),
-    ("call_9f2c", 2, "functions.add:2"),                 # provider's own id: use the running index
-    ("0123456789abcdef0123456789abcdef", 1, "functions.add:1"),
-    (None, 0, "functions.add:0"),
-    ("sub:0", 4, "functions.add:4"),                     # names another function: not ours
-])
-def test_kimi_tool_call_id_restores_the_models_own_id(raw, idx, expected):
-    assert kimi_tool_call_id(raw, "add", idx) == expected
-
-
-def test_kimi_history_tool_call_without_id_is_an_error_naming_the_message():
-    msgs = [{"role": "user", "content": "x"},
-            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-                "name": "add", "arguments": "{}"}}]}]
-    with pytest.raises(TemplateError, match=r"messages\[1\]\.tool_calls\[0\] has no id"):
-        get_template("kimi_k2").render_prompt(msgs, None, True)
-
-
 # ---------------------------------------------------------------- ids through the real tokenizers
 
 CONVERSATION = [
@@ -309,7 +194,8 @@ LITERAL = "A literal <|im_end|> or <think> in text stays text."
 
 
 @pytest.mark.parametrize("name, tok_fixture, with_tools", [
-    ("qwen3", "qwen3_tok", True), ("kimi_k2", "kimi_standin_tok", True), ("chatml", "smollm2_tok", False),
+    ("qwen3", "qwen3_tok", True), ("kimi_k2_thinking", "kimi_standin_tok", True), ("kimi_k25", "kimi_standin_tok", True),
+    ("chatml", "smollm2_tok", False),
 ])
 def test_rendered_ids_decode_to_the_rendered_text_and_specials_get_single_ids(name, tok_fixture, with_tools,
                                                                              request):
@@ -337,12 +223,14 @@ def test_qwen3_ids_of_specials_are_the_real_vocabulary_facts(qwen3_tok):
     assert (ids["<|im_end|>"], ids["<tool_call>"], ids["<think>"], ids["</think>"]) == (151645, 151657, 151667, 151668)
 
 
-def test_kimi_im_end_resolves_to_163586_not_the_ordinary_163533(kimi_standin_tok):
-    ids = special_ids(kimi_standin_tok, get_template("kimi_k2"))
+@pytest.mark.parametrize("name", ["kimi_k2", "kimi_k2_thinking", "kimi_k25"])
+def test_kimi_im_end_resolves_to_163586_not_the_ordinary_163533(kimi_standin_tok, name):
+    ids = special_ids(kimi_standin_tok, get_template(name))
     assert ids["<|im_end|>"] == 163586
 
 
-@pytest.mark.parametrize("name, tok_fixture", [("qwen3", "qwen3_tok"), ("kimi_k2", "kimi_standin_tok")])
+@pytest.mark.parametrize("name, tok_fixture", [("qwen3", "qwen3_tok"), ("kimi_k2_thinking", "kimi_standin_tok"),
+                                              ("kimi_k25", "kimi_standin_tok")])
 def test_tool_call_arguments_come_back_byte_for_byte_from_their_ids(name, tok_fixture, request):
     tok, t = request.getfixturevalue(tok_fixture), get_template(name)
     args = ['{"a":1,  "b" : [1,2]}', '{\n  "q": "caf\\u00e9 <|im_end|>",\t"n": 1e3 }', "not json at all ]"]
@@ -451,7 +339,7 @@ def test_smollm2_tokenizer_ships_the_chat_template_we_reproduce(smollm2_tok):
     assert SMOLLM2_DEFAULT_SYSTEM in smollm2_tok.chat_template
 
 
-@pytest.mark.parametrize("name", ["chatml", "qwen3", "kimi_k2"])
+@pytest.mark.parametrize("name", ["chatml", "qwen3", "kimi_k2", "kimi_k2_thinking", "kimi_k25"])
 @pytest.mark.parametrize("messages, match", [
     ([], "messages is empty"),
     ([{"role": "developer", "content": "x"}], r"messages\[0\]\.role is 'developer'"),
@@ -460,10 +348,10 @@ def test_smollm2_tokenizer_ships_the_chat_template_we_reproduce(smollm2_tok):
 ])
 def test_malformed_messages_fail_naming_the_message_and_the_fix(name, messages, match):
     with pytest.raises(TemplateError, match=match):
-        get_template(name).render_prompt(messages, None, name != "chatml")
+        get_template(name).render_prompt(messages, None, name not in ("chatml", "kimi_k2"))
 
 
-@pytest.mark.parametrize("name", ["chatml", "qwen3", "kimi_k2"])
+@pytest.mark.parametrize("name", ["chatml", "qwen3", "kimi_k2", "kimi_k2_thinking", "kimi_k25"])
 def test_end_think_and_tool_markers_are_among_the_names_the_contract_verifies(name):
     t = get_template(name)
     used = {t.end_token, *(t.think_tokens or ()), *(n for pair in t.tool_marker_pairs for n in pair)}
@@ -471,7 +359,7 @@ def test_end_think_and_tool_markers_are_among_the_names_the_contract_verifies(na
 
 
 def test_get_template_lists_the_choices_for_an_unknown_name():
-    with pytest.raises(TemplateError, match="chatml, qwen3, kimi_k2"):
+    with pytest.raises(TemplateError, match="chatml, qwen3, kimi_k2, kimi_k2_thinking, kimi_k25"):
         get_template("llama3")
 
 
