@@ -1,0 +1,146 @@
+"""The official template: the template contract against it, and prompt ids the way engines make them.
+
+A model directory is made at test time from the real SmolLM2 tokenizer and the chat template
+embedded in its GGUF (nothing upstream is committed); a one-character edit of that template file
+must fail the template gate, and prompts of an hf_dir target follow the directory's template.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from draftgate import gates, schema
+from draftgate.config import TokenizerParams
+from draftgate.contract import check_template, template_roles
+from draftgate.official import gguf_chat_template, official_template
+from draftgate.reconstruct.core import Setup
+from draftgate.reconstruct.table import reconstruct_table
+from draftgate.templates import get_template
+from draftgate.templates.probes import PROBES
+from draftgate.tokenizers import load_tokenizer, smollm2_gguf
+
+SUITE = Path(__file__).resolve().parents[1] / "expectations" / "template.json"
+
+
+def model_dir(tmp_path: Path, smollm2_tok, edit=lambda t: t) -> Path:
+    """An HF model directory of the SmolLM2 tokenizer whose chat template is the GGUF's, edited."""
+    d = tmp_path / "model"
+    smollm2_tok.hf.save_pretrained(str(d))
+    template = edit(gguf_chat_template(smollm2_gguf()))
+    (d / "chat_template.jinja").write_text(template, encoding="utf-8")
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def hf_dir_official(d: Path):
+    tok = load_tokenizer(TokenizerParams(kind="hf_dir", path=str(d)))
+    return tok, official_template(tok, "hf_dir", str(d))
+
+
+def run_template_gate(tmp_path: Path, result) -> tuple[int, set]:
+    doc = tmp_path / "contract.json"
+    doc.write_text(json.dumps({"template_probes": [p.to_dict() for p in result.probes]}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"gates": {"template": {"min_compared": 1}}}))
+    code = gates.main([str(SUITE), str(doc), "--result", str(tmp_path / "r.json"),
+                       "--params", str(tmp_path / "params.yaml"), "--no-docs"])
+    r = json.loads((tmp_path / "r.json").read_text())
+    return code, {e["kwargs"].get("column") for e in r["expectations"] if not e["success"]}
+
+
+# ---------------------------------------------------------------- the template contract
+
+def test_the_default_chatml_template_equals_the_one_embedded_in_the_gguf_on_every_comparable_probe(smollm2_tok):
+    official = official_template(smollm2_tok, "smollm2")
+    result = check_template(get_template("chatml"), official, PROBES)
+    compared = [p for p in result.probes if p.status == "compared"]
+    assert len(compared) >= 5 and result.ok
+    assert all(p.official_text == p.code_text for p in compared)
+    # What chatml cannot render (tools, reasoning, thinking) is refused, never rendered differently.
+    assert {p.status for p in result.probes} == {"compared", "code_refuses"}
+    assert official.sha256 == result.official["sha256"] and len(official.sha256) == 64
+
+
+def test_the_model_directorys_own_template_passes_the_template_gate(tmp_path, smollm2_tok):
+    _, official = hf_dir_official(model_dir(tmp_path, smollm2_tok))
+    result = check_template(get_template("chatml"), official, PROBES)
+    assert result.ok
+    assert run_template_gate(tmp_path, result) == (0, set())
+
+
+def test_a_one_character_change_in_the_template_file_fails_the_template_gate(tmp_path, smollm2_tok):
+    _, official = hf_dir_official(model_dir(tmp_path, smollm2_tok,
+                                            lambda t: t.replace("named SmolLM", "named SmolLm", 1)))
+    result = check_template(get_template("chatml"), official, PROBES)
+    bad = [p for p in result.probes if not p.ok]
+    assert bad and all(p.first_diff is not None and "SmolLm" in p.diff_context for p in bad)
+    code, failed = run_template_gate(tmp_path, result)
+    assert code == 1 and failed == {"differs"}
+
+
+def test_a_conversation_only_the_code_template_can_render_fails_as_an_invented_format(tmp_path, smollm2_tok):
+    def refuse_systems(t):
+        return "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}" + t
+    _, official = hf_dir_official(model_dir(tmp_path, smollm2_tok, refuse_systems))
+    result = check_template(get_template("chatml"), official, PROBES)
+    assert "official_refuses" in {p.status for p in result.probes} and not result.ok
+    code, failed = run_template_gate(tmp_path, result)
+    assert code == 1 and failed == {"code_invents"}
+
+
+def test_without_an_official_template_nothing_is_compared_and_the_gate_needs_min_compared_0(tmp_path):
+    result = check_template(get_template("qwen3"), None, PROBES)
+    assert {p.status for p in result.probes} == {"no_official"} and result.ok
+    code, failed = run_template_gate(tmp_path, result)
+    assert code == 1 and failed == {"n_compared"}
+
+
+def test_the_contract_records_the_ids_by_role_for_the_gates(smollm2_tok):
+    t = get_template("chatml")
+    roles = template_roles(t, {n: smollm2_tok.token_id(n) for n in t.special_names})
+    assert roles["end_id"] == smollm2_tok.token_id("<|im_end|>")
+    assert roles["think_open"] is None and roles["tool_pairs"] == []
+    assert sorted(roles["turn_structure"]) == sorted(smollm2_tok.token_id(n) for n in t.special_names)
+
+
+# ---------------------------------------------------------------- prompts as the engine renders them
+
+def responses_for(tok, pids):
+    rows = []
+    for pid in pids:
+        truth = tok.encode("Hello there.<|im_end|>")
+        rows.append({"prompt_id": pid, "dataset": "chat", "status": "ok", "finish_reason": "stop",
+                     "content": "Hello there.", "provider": "local", "truth_ids": truth,
+                     "billed_completion_tokens": len(truth)})
+    full = [{f: r.get(f) for f in schema.responses().names} for r in rows]
+    return pa.Table.from_pylist(full, schema=schema.responses())
+
+
+def prompts_for(pids, system=None):
+    rows = []
+    for pid in pids:
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": f"Hi {pid}"}]
+        rows.append({"prompt_id": pid, "dataset": "chat", "split": "train", "tools": None, "messages": json.dumps(msgs)})
+    return pa.Table.from_pylist(rows)
+
+
+@pytest.mark.parametrize("edit, agree", [(lambda t: t, True),
+                                         (lambda t: t.replace("named SmolLM", "called SmolLM", 1), False)])
+def test_hf_dir_prompt_ids_are_the_directory_templates_as_the_engine_encodes_them(tmp_path, smollm2_tok, edit, agree):
+    tok, official = hf_dir_official(model_dir(tmp_path, smollm2_tok, edit))
+    t = get_template("chatml")
+    ids = {n: tok.token_id(n) for n in t.special_names}
+    setup = Setup(tok, t, ids, False, official=official)
+    table, result, _ = reconstruct_table(responses_for(tok, ["a", "b"]), prompts_for(["a", "b"]), setup)
+    rows = table.to_pylist()
+    for r, pid in zip(rows, ["a", "b"]):
+        engine = tok.encode(official.render([{"role": "user", "content": f"Hi {pid}"}], None, {}))
+        assert r["input_ids"][:r["prompt_len"]] == engine and r["prompt_source"] == "official"
+    key = "official_equals_code" if agree else "official_differs_from_code"
+    assert dict(result.counts["prompt_render"]) == {key: 2}
