@@ -366,3 +366,51 @@ def test_get_template_lists_the_choices_for_an_unknown_name():
 def test_deepseek_is_refused_with_the_reason_instead_of_a_guessed_format():
     with pytest.raises(TemplateError, match="not implemented: no official chat template"):
         get_template("deepseek")
+
+
+# ---------------------------------------------------------------- every template, and the built-in probes
+
+@pytest.mark.parametrize("name, family, kwargs", [
+    ("chatml", "chatml", {}), ("qwen3", "qwen3", {"enable_thinking": False}), ("kimi_k2", "kimi", {}),
+    ("kimi_k2_thinking", "kimi", {}), ("kimi_k25", "kimi", {"thinking": False}),
+])
+def test_every_template_names_its_family_its_official_file_and_the_kwargs_that_file_needs(name, family, kwargs):
+    t = get_template(name)
+    assert (t.family, t.jinja_kwargs(False)) == (family, kwargs)
+    assert t.official and "\n" not in t.official
+
+
+def test_the_probe_set_covers_every_kind_of_conversation_once_by_name():
+    from draftgate.templates.probes import PROBES
+
+    names = [p.name for p in PROBES]
+    assert 15 <= len(PROBES) <= 25 and len(set(names)) == len(names)
+    msgs = [(p, m) for p in PROBES for m in p.messages]
+    assert {True, False} == {p.thinking for p in PROBES}
+    assert any(p.messages[0]["role"] == "system" for p in PROBES)
+    assert any(p.messages[0]["role"] != "system" for p in PROBES)
+    assert any(sum(m["role"] == "user" for m in p.messages) > 1 for p in PROBES)             # multi-turn
+    assert any(m.get("reasoning_content") for _, m in msgs)                                  # reasoning in history
+    assert any(len(m.get("tool_calls", [])) > 1 for _, m in msgs)                            # parallel calls
+    assert any(m["role"] == "tool" for _, m in msgs) and any(p.tools for p in PROBES)
+    assert any(m.get("content") == "" for _, m in msgs)                                      # empty content
+    assert any(any(ord(c) > 0x2000 for c in m["content"]) for _, m in msgs)                  # unicode
+    for _, m in msgs:
+        for tc in m.get("tool_calls", []):
+            assert isinstance(tc["function"]["arguments"], str) and tc["id"].startswith("functions.")
+
+
+@pytest.mark.parametrize("name", ["chatml", "qwen3", "kimi_k2", "kimi_k2_thinking", "kimi_k25"])
+def test_every_probe_renders_or_is_refused_as_not_applicable(name):
+    from draftgate.templates.probes import PROBES
+
+    t, rendered = get_template(name), 0
+    for p in PROBES:
+        try:
+            text = render_text(t.render_prompt(p.messages, p.tools, p.thinking))
+        except TemplateError:
+            continue
+        rendered += 1
+        assert p.messages[-1]["content"] in text
+    # Qwen3 and K2.5 take every probe; the others refuse what their template has no slot for.
+    assert rendered == len(PROBES) if name in ("qwen3", "kimi_k25") else 0 < rendered < len(PROBES)
