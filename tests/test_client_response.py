@@ -1,4 +1,4 @@
-"""Parsing completions: model-produced JSON stays byte-exact; retryable 200s are recognised."""
+"""Parsing completions: model-produced JSON stays byte-exact; retryable and junk 200s are recognised."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from draftgate.client.response import BadBody, parse_completion, raw_span
+from draftgate.client.response import BadBody, ErrorInfo, error_info, junk_reason, parse_completion, raw_span
 
 # Arguments with odd spacing, a unicode escape and keys out of order: a re-serialiser would change all three.
 ODD_CALLS = ('[ {"id" : "add:0","type":"function", "function":{"name":"add",'
@@ -73,3 +73,48 @@ def test_local_backend_token_ids_are_read():
            '"message":{"content":"hi"}}]}').encode()
     c = parse_completion(raw)
     assert (c.token_ids, c.prompt_token_ids) == ([5, 6, 2], [1, 2])
+
+
+LEAK = '{"error": {"message": "Upstream error from Fireworks", "code": 502}}'
+PARTS_JSON = '[{"type": "text", "text": "The answer is 4."}]'
+PARTS_PY = "[{'type': 'text', 'text': 'The answer is 4.'}]"
+
+
+@pytest.mark.parametrize("content, cause", [
+    (LEAK, "leaked_error_body"),
+    ('\n  {"object": "error", "message": "model overloaded", "code": 503}', "leaked_error_body"),
+    (PARTS_JSON, "content_parts_repr"),
+    (PARTS_PY, "content_parts_repr"),
+    ("[{'text': 'multi\\nline', 'type': 'output_text'}]\n", "content_parts_repr"),
+])
+def test_a_200_whose_content_is_junk_raises_its_reason_with_the_completion_as_received(content, cause):
+    with pytest.raises(BadBody) as e:
+        parse_completion(body(json.dumps({"role": "assistant", "content": content})))
+    assert e.value.cause == cause
+    assert e.value.completion.content == content and e.value.completion.provider == "P"
+    assert e.value.usage == {"prompt_tokens": 5, "completion_tokens": 7}   # paid for: wasted spend
+
+
+@pytest.mark.parametrize("content", [
+    "The error was a typo.", '{"error": null, "result": 4}', '{"result": 4}', '[{"type": "fruit", "name": "fig"}]',
+    "[1, 2]", "[]", "see [{'type': 'text', 'text': 'x'}]", '[{"type": "text", "text": "a"}, "b"]',
+])
+def test_answers_that_merely_look_like_json_are_kept(content):
+    assert junk_reason(content) is None
+    assert parse_completion(body(json.dumps({"role": "assistant", "content": content}))).content == content
+
+
+def test_an_error_body_keeps_its_usage_and_names_the_provider_from_its_metadata():
+    raw = (b'{"error":{"code":502,"message":"Provider returned error","metadata":{"provider_name":"Fireworks",'
+           b'"raw":"upstream 500"}},"usage":{"prompt_tokens":9,"completion_tokens":5,"cost":0.002}}')
+    with pytest.raises(BadBody) as e:
+        parse_completion(raw)
+    assert (e.value.cause, e.value.usage["cost"]) == ("error_body", 0.002)
+    assert (e.value.error.provider, e.value.error.metadata["raw"]) == ("Fireworks", "upstream 500")
+    assert error_info(raw) == e.value.error
+
+
+def test_error_info_tolerates_bodies_that_are_not_error_objects():
+    assert error_info(b"<html>502 Bad Gateway</html>").message == "<html>502 Bad Gateway</html>"
+    assert error_info(b'["x"]') == ErrorInfo("['x']", {}, None, None)
+    assert error_info(b'{"error":"plain text"}').message == "plain text"

@@ -3,11 +3,17 @@
 `tool_calls`, `reasoning_details` and `logprobs` are sliced from the raw body text, never
 re-serialised: a provider's `arguments` strings (odd spacing, key order, escapes) survive as sent.
 Leading whitespace keep-alive bytes (OpenRouter sends them while a request is queued) are skipped.
+
+Junk outputs: a 200 whose content is not a model's answer but a provider's leaked error
+(`leaked_error_body`) or a serialised list of content parts (`content_parts_repr`) is a BadBody
+carrying the parsed completion, so the paid answer is journaled as received and retried
+(`junk_reason` is the rule; expectations/responses.json recomputes the same rule in SQL).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from json.decoder import scanstring
 from typing import Any
@@ -15,14 +21,34 @@ from typing import Any
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
 
+# Content-part `type`s of OpenAI chat, OpenAI Responses, Anthropic and OpenRouter reasoning details:
+# a content that is nothing but a list of these is a serialised message, not an answer.
+PART_TYPES = ("text", "output_text", "input_text", "refusal", "image_url", "input_image", "image",
+              "input_audio", "file", "thinking", "redacted_thinking", "reasoning.text",
+              "reasoning.summary", "reasoning.encrypted")
+# The Python repr of such a list (`[{'type': 'text', 'text': '...'}]`) is not JSON. Whitespace is
+# spelled [ \t\n\r] rather than \s so that Python's re and DuckDB's RE2 read the rule alike.
+_SP = r"[ \t\n\r]*"
+_Q = "['\"]"
+PARTS_REPR_RE = (rf"(?s)^{_SP}\[{_SP}\{{.*{_Q}type{_Q}{_SP}:{_SP}{_Q}"
+                 rf"(?:{'|'.join(re.escape(t) for t in PART_TYPES)}){_Q}.*\}}{_SP}\]{_SP}$")
+_PARTS_REPR = re.compile(PARTS_REPR_RE)
+
 
 class BadBody(ValueError):
-    """A 200 whose body is not a usable completion; `cause` is the retry cause."""
+    """A 200 whose body is not a usable completion; `cause` is the retry cause.
 
-    def __init__(self, cause: str, detail: str, usage: dict[str, Any] | None = None):
+    `usage`: a billed-but-useless answer still costs money. `completion`: the parsed answer when
+    there was one (empty or junk output), kept so the journal holds what was paid for.
+    """
+
+    def __init__(self, cause: str, detail: str, usage: dict[str, Any] | None = None,
+                 completion: "Completion | None" = None, error: "ErrorInfo | None" = None):
         super().__init__(f"{cause}: {detail}")
         self.cause, self.detail = cause, detail
-        self.usage = usage   # a billed-but-useless answer still costs money
+        self.usage = usage
+        self.completion = completion
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -42,8 +68,17 @@ class Completion:
     prompt_token_ids: list[int] | None
 
 
+@dataclass(frozen=True)
+class ErrorInfo:
+    """What an error body says, any status: `{error: {code, message, metadata}}` (+ `usage`)."""
+    message: str
+    metadata: dict[str, Any]        # error.metadata as sent (OpenRouter: provider_name, raw, limit_source)
+    provider: str | None            # error.metadata.provider_name, else the body's `provider`
+    usage: dict[str, Any] | None    # a billed error: its cost is wasted spend
+
+
 def parse_completion(raw: bytes) -> Completion:
-    """Raise BadBody(cause) for a 200 that must be retried: error body, empty output, ..."""
+    """Raise BadBody(cause) for a 200 that must be retried: error body, empty or junk output, ..."""
     try:
         text = raw.decode("utf-8")
         obj = json.loads(text)
@@ -51,24 +86,20 @@ def parse_completion(raw: bytes) -> Completion:
         raise BadBody("malformed_json", f"{e} (first bytes: {raw[:80]!r})") from None
     if not isinstance(obj, dict):
         raise BadBody("malformed_json", f"top level is {type(obj).__name__}, not an object")
+    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
     if obj.get("error") is not None:
-        raise BadBody("error_body", _error_text(obj["error"]))
+        info = _error_info(obj)
+        raise BadBody("error_body", info.message, usage, error=info)
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise BadBody("no_choices", "body has no choices[0]")
+        raise BadBody("no_choices", "body has no choices[0]", usage)
     choice = choices[0]
-    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    if choice.get("finish_reason") == "error":
-        raise BadBody("finish_error", f"finish_reason error (native: {choice.get('native_finish_reason')})", usage)
     content, reasoning = message.get("content"), message.get("reasoning")
     calls, details = message.get("tool_calls"), message.get("reasoning_details")
-    if not content and not reasoning and not calls and not details:
-        raise BadBody("empty_output", f"no content, reasoning or tool calls "
-                                      f"(finish_reason {choice.get('finish_reason')})", usage)
     path = ("choices", 0, "message")
     token_ids = choice.get("token_ids")
-    return Completion(
+    comp = Completion(
         generation_id=obj.get("id"), provider=obj.get("provider"), model=obj.get("model"),
         finish_reason=choice.get("finish_reason"), native_finish_reason=choice.get("native_finish_reason"),
         reasoning=reasoning, content=content,
@@ -79,18 +110,72 @@ def parse_completion(raw: bytes) -> Completion:
         token_ids=token_ids if isinstance(token_ids, list) else None,
         prompt_token_ids=obj.get("prompt_token_ids") if isinstance(obj.get("prompt_token_ids"), list) else None,
     )
+    if choice.get("finish_reason") == "error":
+        raise BadBody("finish_error", f"finish_reason error (native: {choice.get('native_finish_reason')})",
+                      usage, comp)
+    if not content and not reasoning and not calls and not details:
+        raise BadBody("empty_output", f"no content, reasoning or tool calls "
+                                      f"(finish_reason {choice.get('finish_reason')})", usage, comp)
+    junk = junk_reason(content)
+    if junk is not None:
+        raise BadBody(junk, f"content is {_JUNK_TEXT[junk]} (provider {comp.provider}): {content[:200]!r}",
+                      usage, comp)
+    return comp
 
 
-def error_info(raw: bytes) -> tuple[str, dict[str, Any]]:
-    """(message, metadata) of an error body, tolerating anything that is not one."""
+_JUNK_TEXT = {"leaked_error_body": "a provider error body, not an answer",
+              "content_parts_repr": "a serialised list of content parts, not their text"}
+
+
+def junk_reason(content: Any) -> str | None:
+    """`leaked_error_body`, `content_parts_repr` or None: is this content junk rather than an answer?
+
+    - leaked_error_body: the content (JSON whitespace trimmed) parses as a JSON object with a
+      non-null `error` member, or with `"object": "error"` (vLLM's error shape).
+    - content_parts_repr: it parses as a non-empty JSON array of objects whose `type` is a string
+      in PART_TYPES; or it is not JSON and matches PARTS_REPR_RE (a Python repr of that list).
+    An answer that is wholly such JSON cannot be told from a leak; it fails visibly (retried, then
+    a failed row with the reason), never silently.
+    """
+    if not isinstance(content, str):
+        return None
+    s = content.strip(_WS)
+    if not s or s[0] not in "[{":   # most answers are prose: one character decides
+        return None
     try:
-        err = json.loads(raw).get("error")
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return raw[:200].decode("utf-8", "replace"), {}
-    if not isinstance(err, dict):
-        return _error_text(err), {}
-    meta = err.get("metadata")
-    return _error_text(err), meta if isinstance(meta, dict) else {}
+        obj = json.loads(s, parse_constant=_reject_constant)
+    except ValueError:
+        return "content_parts_repr" if _PARTS_REPR.match(s) else None
+    if isinstance(obj, dict):
+        return "leaked_error_body" if obj.get("error") is not None or obj.get("object") == "error" else None
+    if isinstance(obj, list) and obj and all(
+            isinstance(e, dict) and isinstance(e.get("type"), str) and e["type"] in PART_TYPES for e in obj):
+        return "content_parts_repr"
+    return None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")   # as DuckDB's json_valid says: keeps both rules alike
+
+
+def error_info(raw: bytes) -> ErrorInfo:
+    """The error body of a non-2xx answer, tolerating anything that is not one."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return ErrorInfo(raw[:200].decode("utf-8", "replace"), {}, None, None)
+    if not isinstance(obj, dict):
+        return ErrorInfo(str(obj)[:200], {}, None, None)
+    return _error_info(obj)
+
+
+def _error_info(obj: dict[str, Any]) -> ErrorInfo:
+    err = obj.get("error")
+    meta = err.get("metadata") if isinstance(err, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    provider = meta.get("provider_name") or obj.get("provider")
+    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    return ErrorInfo(_error_text(err), meta, provider if isinstance(provider, str) else None, usage)
 
 
 def _error_text(err: Any) -> str:

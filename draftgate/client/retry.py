@@ -6,7 +6,8 @@ Policy (FACTS.md "OpenRouter chat completions"):
   prompt would fail the same way. Rerun after fixing the key or adding credits.
 - 402 with `limit_source: openrouter_in_flight_budget`: retry after Retry-After.
 - 408, 429, 5xx, connection errors, timeouts, and 200s with an error body, empty output,
-  `finish_reason: error` or malformed JSON: retry with backoff.
+  `finish_reason: error`, malformed JSON or junk content (a leaked provider error, serialised
+  content parts: another attempt, often on another provider, usually answers): retry with backoff.
 - `x-should-retry: true|false` overrides retry/final (never a stop).
 """
 
@@ -53,9 +54,10 @@ def classify_status(status: int, headers: Mapping[str, str], body: bytes) -> Ver
     """None for a 2xx (parse it); otherwise the verdict."""
     if 200 <= status < 300:
         return None
-    message, meta = error_info(body)
-    source = str(meta.get("limit_source") or "")
-    detail = f"HTTP {status} {message}" + (f" (limit_source {source})" if source else "")
+    info = error_info(body)
+    source = str(info.metadata.get("limit_source") or "")
+    detail = (f"HTTP {status} {info.message}" + (f" (provider {info.provider})" if info.provider else "")
+              + (f" (limit_source {source})" if source else ""))
     wait = retry_after_s(headers)
     if status == 401:
         return Verdict("stop", "auth_401", detail + "; check the API key in the environment variable")
