@@ -57,7 +57,9 @@ def responses():
         ("billed_prompt_tokens", pa.int64()),
         ("billed_completion_tokens", pa.int64()),
         ("billed_reasoning_tokens", pa.int64()),
+        # Billed over all attempts of the row's journal line: the kept answer plus paid failures.
         ("cost_usd", pa.float64()),
+        ("wasted_cost_usd", pa.float64()),      # the part of cost_usd that bought no kept answer
         ("logprobs", pa.string()),              # JSON text or null
         ("truth_ids", pa.list_(pa.int32())),    # only backends that return ids
         ("prompt_token_ids", pa.list_(pa.int32())),  # the prompt as the server tokenised it, or null

@@ -110,3 +110,18 @@ def test_a_lone_surrogate_from_a_provider_is_journaled_losslessly_and_tabled_as_
     rows = pq.read_table(tmp_path / "responses.parquet").to_pylist()
     assert [(r["status"], r["failure_reason"], r["content"]) for r in rows] == [
         ("failed", "invalid_unicode", None), ("ok", None, "fine")]
+
+
+def test_a_quarantined_junk_answer_with_a_lone_surrogate_keeps_its_reason_in_the_table(tmp_path):
+    from draftgate.client.request import Prompt
+    from draftgate.client.table import responses_table
+    from draftgate.io import write_parquet
+
+    bad = json.loads('"{\\"error\\": {\\"message\\": \\"\\ud83d\\"}}"')
+    rec = line("a", "failed", failure_reason="leaked_error_body", failure_kind="exhausted", wasted_cost_usd=0.002,
+               failed_attempts=[{"cause": "leaked_error_body", "content": bad, "usage": {"completion_tokens": 3}}])
+    table = responses_table([Prompt("a", "chat", [{"role": "user", "content": "hi"}], None, 2)], {"a": "h"}, [rec])
+    write_parquet(tmp_path / "responses.parquet", table)
+    [row] = table.to_pylist()
+    assert (row["status"], row["failure_reason"], row["content"]) == ("failed", "leaked_error_body", None)
+    assert (row["billed_completion_tokens"], row["cost_usd"]) == (3, 0.002)

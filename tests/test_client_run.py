@@ -18,6 +18,12 @@ ODD_CALLS = ('[ {"id" : "add:0","type":"function", "function":{"name":"add",'
              '"arguments":"{ \\"b\\":2 ,\\"a\\" :  1}"}} ]')
 
 
+# The client's cause code for each scripted fault whose name differs from it.
+CAUSE_OF = {"reset": "connection", "content_parts_json": "content_parts_repr",
+            "content_parts_python": "content_parts_repr", "http_429_provider": "http_429",
+            "error_body_paid": "error_body", "http_502_paid": "http_502"}
+
+
 def prompts(n: int, tools=None) -> list[Prompt]:
     return [Prompt(f"id{i:04d}", "tiny", [{"role": "user", "content": f"p{i:04d}"}], tools, 40) for i in range(n)]
 
@@ -54,10 +60,15 @@ def test_fault_drill_every_prompt_ends_with_one_ok_row_or_one_final_failure(tmp_
         assert (r["status"], r["failure_reason"] is None) in (("ok", True), ("failed", False))
     # Every injected fault is accounted for: retried, or the final cause of an exhausted prompt.
     exhausted = Counter(r["failure_reason"] for r in records if r.get("failure_kind") == "exhausted")
+    injected = Counter()
     for action in RETRYABLE_FAULTS:
-        cause = {"reset": "connection"}.get(action, action)
         assert actions[action] > 5, action
-        assert result.retries[cause] + exhausted[cause] == actions[action], action
+        injected[CAUSE_OF.get(action, action)] += actions[action]
+    for cause, n in injected.items():
+        assert result.retries[cause] + exhausted[cause] == n, cause
+    # ... and journaled, attempt by attempt, in its prompt's line.
+    journaled = Counter(f["cause"] for r in records for f in r["failed_attempts"])
+    assert all(journaled[cause] == n for cause, n in injected.items())
     assert sum(actions[a] for a in RETRYABLE_FAULTS) / sum(actions.values()) > 0.25
 
 
@@ -164,3 +175,81 @@ def test_local_backend_asks_for_token_ids_and_keeps_them_as_truth(tmp_path):
         result = run(ps, gen(backend="local"), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
     row = rows(responses_table(ps, result.hashes, read_journal(tmp_path / "j.jsonl").records))["id0001"]
     assert row["truth_ids"] == list(b"Answer to p0001.") + [2]
+
+
+def journal_line(path, pid: str) -> dict:
+    return next(r for r in read_journal(path).records if r["prompt_id"] == pid)
+
+
+def test_a_leaked_error_in_content_is_journaled_as_received_then_retried(tmp_path):
+    ps, journal = prompts(3), tmp_path / "j.jsonl"
+    with running(Script(per_key={"p0001": ("leaked_error_body",)}, cost_usd=0.001)) as server:
+        result = run(ps, gen(), Target(server.base_url), journal, progress=False)
+    rec = journal_line(journal, "id0001")
+    assert (rec["status"], rec["attempts"], rec["retry_causes"]) == ("ok", 2, ["leaked_error_body"])
+    [junk] = rec["failed_attempts"]
+    assert json.loads(junk["content"])["error"]["code"] == 502          # the paid answer, as received
+    assert (junk["http_status"], junk["provider"], junk["cost_usd"]) == (200, "Scripted", 0.001)
+    assert junk["usage"]["completion_tokens"] > 0 and junk["generation_id"].startswith("gen-")
+    assert rec["content"] == "Answer to p0001." and rec["wasted_cost_usd"] == 0.001
+    assert result.retries == {"leaked_error_body": 1}
+    assert (result.wasted_usd, result.spent_usd) == (pytest.approx(0.001), pytest.approx(0.004))
+    row = rows(responses_table(ps, result.hashes, read_journal(journal).records))["id0001"]
+    assert (row["status"], row["cost_usd"], row["wasted_cost_usd"]) == ("ok", pytest.approx(0.002), 0.001)
+
+
+def test_junk_on_every_attempt_ends_as_a_failed_row_with_its_reason_and_the_content(tmp_path):
+    ps, journal = prompts(3), tmp_path / "j.jsonl"
+    script = Script(per_key={"p0000": ("content_parts_json", "content_parts_python"),
+                             "p0002": ("content_parts_python", "leaked_error_body")}, cost_usd=0.001)
+    with running(script) as server:
+        result = run(ps, gen(max_attempts=2), Target(server.base_url), journal, progress=False)
+    rec = journal_line(journal, "id0000")
+    assert (rec["status"], rec["failure_reason"], rec["failure_kind"]) == ("failed", "content_parts_repr", "exhausted")
+    assert [f["content"] for f in rec["failed_attempts"]] == [
+        '[{"type": "text", "text": "Answer to p0000."}]', "[{'type': 'text', 'text': 'Answer to p0000.'}]"]
+    assert not is_done(rec)                                   # a rerun tries it again
+    table = rows(responses_table(ps, result.hashes, read_journal(journal).records))
+    assert [(table[p]["status"], table[p]["failure_reason"], table[p]["attempts"]) for p in ("id0000", "id0002")] == [
+        ("failed", "content_parts_repr", 2), ("failed", "leaked_error_body", 2)]
+    assert table["id0000"]["content"] == "[{'type': 'text', 'text': 'Answer to p0000.'}]"   # quarantined, shown
+    assert table["id0000"]["provider"] == "Scripted" and table["id0000"]["billed_completion_tokens"] > 0
+    assert table["id0000"]["cost_usd"] == table["id0000"]["wasted_cost_usd"] == pytest.approx(0.002)
+    assert result.failures == {"content_parts_repr": 1, "leaked_error_body": 1}
+    assert (result.wasted_usd, result.paid_failed_attempts) == (pytest.approx(0.004), 4)
+
+
+def test_a_429_journals_the_provider_name_and_metadata_but_no_secret(tmp_path):
+    key = "sk-or-v1-" + "5e" * 24
+    meta = {"provider_name": "Fireworks", "raw": f"429 for key {key}: slow down", "is_byok": False,
+            "request_headers": {"Authorization": f"Bearer {key}"}}
+    script = Script(api_key=key, per_key={"p0000": ("http_429_provider",)}, error_metadata=meta, retry_after_s=0.01)
+    journal = tmp_path / "j.jsonl"
+    with running(script) as server:
+        result = run(prompts(1), gen(), Target(server.base_url, key), journal, progress=False)
+    [limited] = journal_line(journal, "id0000")["failed_attempts"]
+    assert (limited["cause"], limited["http_status"], limited["provider"]) == ("http_429", 429, "Fireworks")
+    assert limited["metadata"] == {"provider_name": "Fireworks", "raw": "429 for key [redacted]: slow down",
+                                   "is_byok": False, "request_headers": {"Authorization": "[redacted]"}}
+    assert "Fireworks" in limited["detail"]
+    assert key.encode() not in journal.read_bytes() and key[-16:].encode() not in journal.read_bytes()
+    assert result.failed_attempts_by_provider == {"Fireworks": 1} and result.ok == 1
+
+
+def test_paid_errors_count_as_wasted_spend_and_in_the_tables_cost(tmp_path):
+    ps, journal = prompts(4), tmp_path / "j.jsonl"
+    script = Script(per_key={"p0000": ("error_body_paid",), "p0001": ("http_502_paid", "http_502_paid")},
+                    cost_usd=0.001, retry_after_s=0.01)
+    with running(script) as server:
+        result = run(ps, gen(max_attempts=2), Target(server.base_url), journal, progress=False)
+    paid = journal_line(journal, "id0000")["failed_attempts"][0]
+    assert (paid["cause"], paid["http_status"], paid["cost_usd"]) == ("error_body", 200, 0.001)
+    assert paid["usage"]["completion_tokens"] == 5 and paid["metadata"]["provider_name"] == "Scripted"
+    failed = journal_line(journal, "id0001")
+    assert (failed["failure_reason"], [f["http_status"] for f in failed["failed_attempts"]]) == ("http_502", [502, 502])
+    # 3 ok answers + 3 paid errors at $0.001: half the spend bought nothing.
+    assert (result.spent_usd, result.wasted_usd) == (pytest.approx(0.006), pytest.approx(0.003))
+    assert result.paid_failed_attempts == 3
+    table = responses_table(ps, result.hashes, read_journal(journal).records)
+    assert sum(table.column("cost_usd").to_pylist()) == pytest.approx(result.spent_usd)
+    assert sum(table.column("wasted_cost_usd").to_pylist()) == pytest.approx(result.wasted_usd)

@@ -40,3 +40,26 @@ def test_it_answers_openai_shaped_completions_and_faults_over_http():
         with pytest.raises(ValueError, match="unknown scripted action"):
             server._act(None, "nonsense", {}, "x", 0.0)
     assert [a.action for a in server.log] == ["ok", "http_429", "keepalive_ws"]
+
+
+def test_it_serves_junk_200s_provider_named_429s_and_billed_errors_over_http():
+    script = Script(per_key={k: (k,) for k in ("leaked_error_body", "content_parts_json", "content_parts_python",
+                                                 "http_429_provider", "error_body_paid", "http_502_paid")},
+                    error_metadata={"provider_name": "Fireworks"}, cost_usd=0.003)
+    with running(script) as server, httpx.Client(base_url=server.base_url) as client:
+        def ask(key):
+            return client.post("/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": key}]})
+
+        def content(key):
+            return ask(key).json()["choices"][0]["message"]["content"]
+
+        assert json.loads(content("leaked_error_body"))["error"]["code"] == 502
+        assert json.loads(content("content_parts_json")) == [{"type": "text", "text": "Answer to content_parts_json."}]
+        assert content("content_parts_python") == "[{'type': 'text', 'text': 'Answer to content_parts_python.'}]"
+        limited = ask("http_429_provider")
+        assert limited.status_code == 429 and "retry-after" in limited.headers
+        assert limited.json()["error"]["metadata"]["provider_name"] == "Fireworks"
+        for key, status in (("error_body_paid", 200), ("http_502_paid", 502)):
+            paid = ask(key)
+            assert paid.status_code == status and paid.json()["usage"]["cost"] == 0.003
+            assert paid.json()["error"]["metadata"]["provider_name"] == "Fireworks"

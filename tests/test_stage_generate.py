@@ -161,3 +161,22 @@ def test_a_key_is_never_sent_over_plain_http_to_another_host(tmp_path, monkeypat
     assert generate.main(argv(paths)) == 2
     err = capsys.readouterr().err
     assert "would travel unencrypted" in err and "sk-or-v1-secret" not in err
+
+
+def test_metrics_count_paid_errors_and_junk_answers_as_wasted_spend_and_quarantine_junk(tmp_path):
+    script = Script(per_key={"p0000": ("error_body_paid",), "p0001": ("leaked_error_body", "content_parts_python"),
+                             "p0002": ("http_429_provider",)},
+                    error_metadata={"provider_name": "Fireworks"}, cost_usd=0.01, retry_after_s=0.01)
+    with running(script) as server:
+        paths = workspace(tmp_path, 4, base_url=server.base_url, max_attempts=2)
+        assert generate.main(argv(paths)) == 0
+    m = json.loads(Path(paths["metrics"]).read_text())
+    # Paid: 3 ok answers, 1 billed error body, 2 junk answers; the 429 was free.
+    assert m["spent_usd"] == pytest.approx(0.06) and m["wasted_usd"] == pytest.approx(0.03)
+    assert m["table_cost_usd"] == pytest.approx(0.06) and m["paid_failed_attempts"] == 3
+    assert m["failed_attempts_by_provider"] == {"Fireworks": 2, "Scripted": 2}
+    assert m["retries_by_cause"] == {"error_body": 1, "http_429": 1, "leaked_error_body": 1}
+    assert m["rows_out"] == 3 and m["drops_by_reason"] == {"content_parts_repr": 1}
+    row = pq.read_table(Path(paths["out"]) / "responses.parquet").to_pylist()[1]
+    assert (row["status"], row["failure_reason"]) == ("failed", "content_parts_repr")
+    assert row["content"] == "[{'type': 'text', 'text': 'Answer to p0001.'}]"

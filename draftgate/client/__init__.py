@@ -2,8 +2,9 @@
 
 Public surface: `run` / `run_async` (prompts -> journal), `responses_table` (journal -> table),
 `read_prompts`, `Target`, `RunResult`. Modules: http (transport), request (bodies, request_hash),
-response (parsing, raw JSON slices), retry (classification, backoff, 429 pause), journal, budget,
-progress, table, estimate (`draftgate estimate`).
+response (parsing, raw JSON slices, junk outputs), retry (classification, backoff, 429 pause),
+journal, redact (secrets out of journaled error bodies), budget, progress, table, estimate
+(`draftgate estimate`).
 """
 
 from draftgate.client.run import RunResult, Target, current_hashes, run, run_async, select

@@ -4,8 +4,8 @@ Worst case of one request = estimated prompt tokens + max_tokens, at the price t
 reserves the same against the balance). The prompt estimate is deliberately high: one token per
 3 characters of the messages+tools JSON (real tokenizers average ~4 on English, ~3 on code) plus
 8 per message for the template. Actual cost is usage.cost when the API reports it, else the
-billed tokens at the price table. Attempts that were billed but retried (an empty 200 with usage)
-count as spent too.
+billed tokens at the price table. Attempts that were billed but bought no kept answer (an empty
+or junk 200, an error body of any status that carries usage) count as spent too, and as wasted.
 """
 
 from __future__ import annotations

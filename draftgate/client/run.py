@@ -4,6 +4,11 @@
 (backoff holds the worker's slot, so in-flight plus waiting never exceeds `concurrency`), append
 the finished line to the journal (fsynced), and only then update budget, stats and progress.
 
+Every failed attempt is kept in its prompt's line (`failed_attempts`): cause, HTTP status, the
+provider that failed (`error.metadata.provider_name` for OpenRouter errors), the error metadata
+(secrets redacted), billed usage and cost, and for a 200 that was junk (a leaked error or content
+parts in `content`), the completion as received. A billed failure counts as wasted spend.
+
 A run stops scheduling when the budget cannot cover the next request even with nothing in flight,
 or when an answer says the whole run is doomed (401, credits 402, budget 403). In-flight requests
 then finish without further retries. Prompts never sent are not journaled (no request happened);
@@ -18,7 +23,7 @@ import random
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,7 +32,8 @@ from draftgate.client.http import ChatClient
 from draftgate.client.journal import Journal, is_done, latest, read_journal
 from draftgate.client.progress import Progress
 from draftgate.client.request import Prompt, build_body, encode_body, request_hash
-from draftgate.client.response import BadBody, Completion, parse_completion
+from draftgate.client.redact import redact
+from draftgate.client.response import BadBody, Completion, ErrorInfo, error_info, parse_completion
 from draftgate.client.retry import PauseGate, Policy, Verdict, classify_exception, classify_status
 from draftgate.config import GenerateParams
 
@@ -55,7 +61,9 @@ class RunResult:
     providers: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)
     spent_usd: float = 0.0
-    wasted_usd: float = 0.0        # billed attempts that were retried anyway
+    wasted_usd: float = 0.0        # billed attempts that bought no kept answer (retried or failed)
+    paid_failed_attempts: int = 0  # failed attempts that were billed (junk 200s, errors with usage)
+    failed_attempts_by_provider: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     elapsed_s: float = 0.0
@@ -76,6 +84,8 @@ class RunResult:
             "ok": self.ok, "failed": self.failed, "unsent": self.unsent,
             "stop_reason": self.stop_reason, "stop_detail": self.stop_detail,
             "spent_usd": round(self.spent_usd, 6), "wasted_usd": round(self.wasted_usd, 6),
+            "paid_failed_attempts": self.paid_failed_attempts,
+            "failed_attempts_by_provider": dict(sorted(self.failed_attempts_by_provider.items())),
             "providers": dict(sorted(self.providers.items())),
             "finish_reasons": dict(sorted(self.finish_reasons.items())),
             # Always reported, even at 0: "0 truncated" must be a measurement, not a default.
@@ -228,6 +238,9 @@ class _Runner:
             r.failed += 1
             r.failures[rec["failure_reason"]] += 1
         r.wasted_usd += rec.get("wasted_cost_usd") or 0.0
+        for f in rec.get("failed_attempts") or ():
+            r.paid_failed_attempts += bool(f.get("cost_usd"))
+            r.failed_attempts_by_provider[f.get("provider") or "unknown"] += 1
         r.attempts += rec.get("attempts") or 0
         if self.progress:
             self.progress.finished(rec["status"] == "ok", usage.get("completion_tokens") or 0, self.budget.spent)
@@ -242,7 +255,7 @@ class _Runner:
         """All attempts for one prompt -> (journal record, total cost billed)."""
         body = encode_body(build_body(prompt, self.p))
         base = {"prompt_id": prompt.prompt_id, "request_hash": self.r.hashes[prompt.prompt_id]}
-        causes: list[str] = []
+        failures: list[dict[str, Any]] = []
         spent = 0.0
         t_start = time.monotonic()
         verdict: Verdict | None = None
@@ -252,20 +265,20 @@ class _Runner:
             # After a budget stop in-flight prompts still finish (their worst case is reserved);
             # after a 401/credits stop nothing more is sent.
             if self.r.stop_reason not in (None, "budget"):
-                return self._failed(base, "stopped", f"stopped_{self.r.stop_reason}", verdict, causes,
+                return self._failed(base, "stopped", f"stopped_{self.r.stop_reason}", verdict, failures,
                                     attempt - 1, t_start, spent), spent
             t = time.monotonic()
-            verdict, comp, cost = await self._attempt(body)
+            verdict, comp, cost, failure = await self._attempt(body)
             spent += cost
             if comp is not None:
-                return self._ok(base, comp, causes, attempt, time.monotonic() - t, t_start,
+                return self._ok(base, comp, failures, attempt, time.monotonic() - t, t_start,
                                 spent - cost, cost), spent
-            causes.append(verdict.cause)
+            failures.append(failure)
             if verdict.kind == "stop":
                 self.stop(verdict.cause, verdict.detail)
-                return self._failed(base, "stopped", verdict.cause, verdict, causes, attempt, t_start, spent), spent
+                return self._failed(base, "stopped", verdict.cause, verdict, failures, attempt, t_start, spent), spent
             if verdict.kind == "final":
-                return self._failed(base, "permanent", verdict.cause, verdict, causes, attempt, t_start, spent), spent
+                return self._failed(base, "permanent", verdict.cause, verdict, failures, attempt, t_start, spent), spent
             if attempt == self.p.max_attempts:
                 break
             self.r.retries[verdict.cause] += 1
@@ -274,27 +287,58 @@ class _Runner:
             if verdict.cause == "http_429":
                 self.pause.note_429(verdict.wait_s, attempt, self.rng)
             await asyncio.sleep(self.policy.backoff_s(attempt, self.rng, verdict.wait_s))
-        return self._failed(base, "exhausted", verdict.cause, verdict, causes, attempt, t_start, spent), spent
+        return self._failed(base, "exhausted", verdict.cause, verdict, failures, attempt, t_start, spent), spent
 
-    async def _attempt(self, body: bytes) -> tuple[Verdict | None, Completion | None, float]:
+    async def _attempt(self, body: bytes) -> tuple[Verdict | None, Completion | None, float, dict | None]:
+        """One HTTP request -> (verdict, completion, cost billed, journal entry of a failure)."""
         try:
             async with asyncio.timeout(self.p.timeout_s):
                 resp = await self.client.post(body)
         except Exception as e:   # classify_exception re-raises anything that is not transport/timeout
-            return classify_exception(e), None, 0.0
+            v = classify_exception(e)
+            return v, None, 0.0, self._failure(v)
         verdict = classify_status(resp.status_code, resp.headers, resp.content)
         if verdict is not None:
-            return verdict, None, 0.0
+            info = error_info(resp.content)
+            cost = cost_of(info.usage, self.p.price)
+            return verdict, None, cost, self._failure(verdict, resp.status_code, resp.headers, info, None, cost)
         try:
             comp = parse_completion(resp.content)
         except BadBody as b:
-            return Verdict("retry", b.cause, b.detail), None, cost_of(b.usage, self.p.price)
+            v = Verdict("retry", b.cause, b.detail)
+            cost = cost_of(b.usage, self.p.price)
+            return v, None, cost, self._failure(v, resp.status_code, resp.headers, b.error, b.completion, cost,
+                                                b.usage)
         if comp.generation_id is None and resp.headers.get("x-generation-id"):
             comp = replace(comp, generation_id=resp.headers["x-generation-id"])
-        return None, comp, cost_of(comp.usage, self.p.price)
+        return None, comp, cost_of(comp.usage, self.p.price), None
+
+    def _failure(self, v: Verdict, status: int | None = None, headers: Any = None, info: ErrorInfo | None = None,
+                 comp: Completion | None = None, cost: float = 0.0,
+                 usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The journal entry of one failed attempt: what failed, who, what it cost, what came back."""
+        secrets = (self.target.api_key,) if self.target.api_key else ()
+        entry: dict[str, Any] = {"cause": v.cause, "detail": redact(v.detail[:500], secrets)}
+        if status is not None:
+            entry["http_status"] = status
+        if headers is not None and headers.get("x-generation-id"):
+            entry["generation_id"] = headers["x-generation-id"]
+        if info is not None:
+            entry["provider"] = info.provider
+            if info.metadata:
+                entry["metadata"] = redact(info.metadata, secrets)
+            usage = usage or info.usage
+        if comp is not None:
+            # The paid answer as received (model output: only the run's own key is redacted).
+            entry.update(redact({k: x for k, x in asdict(comp).items() if x is not None}, secrets, patterns=False))
+        if usage is not None:
+            entry["usage"] = usage
+        if cost or usage is not None:
+            entry["cost_usd"] = cost
+        return {k: x for k, x in entry.items() if x is not None}
 
     @staticmethod
-    def _ok(base: dict, c: Completion, causes: list[str], attempts: int, latency: float, t_start: float,
+    def _ok(base: dict, c: Completion, failures: list[dict], attempts: int, latency: float, t_start: float,
             wasted: float, cost: float) -> dict[str, Any]:
         return {**base, "status": "ok", "failure_reason": None, "failure_kind": None,
                 "generation_id": c.generation_id, "provider": c.provider, "model": c.model,
@@ -302,14 +346,16 @@ class _Runner:
                 "reasoning": c.reasoning, "reasoning_details": c.reasoning_details, "content": c.content,
                 "tool_calls": c.tool_calls, "usage": c.usage, "cost_usd": cost, "logprobs": c.logprobs,
                 "token_ids": c.token_ids, "prompt_token_ids": c.prompt_token_ids, "attempts": attempts,
-                "retry_causes": causes, "latency_s": round(latency, 4),
-                "elapsed_s": round(time.monotonic() - t_start, 4), "wasted_cost_usd": wasted,
-                "finished_at": round(time.time(), 3)}
+                "retry_causes": [f["cause"] for f in failures], "failed_attempts": failures,
+                "latency_s": round(latency, 4), "elapsed_s": round(time.monotonic() - t_start, 4),
+                "wasted_cost_usd": wasted, "finished_at": round(time.time(), 3)}
 
     @staticmethod
-    def _failed(base: dict, kind: str, reason: str, v: Verdict | None, causes: list[str], attempts: int,
+    def _failed(base: dict, kind: str, reason: str, v: Verdict | None, failures: list[dict], attempts: int,
                 t_start: float, spent: float) -> dict[str, Any]:
+        last = failures[-1] if failures else {}
         return {**base, "status": "failed", "failure_reason": reason, "failure_kind": kind,
-                "detail": v.detail[:500] if v else "", "attempts": attempts, "retry_causes": causes,
+                "detail": last.get("detail", v.detail[:500] if v else ""), "provider": last.get("provider"),
+                "attempts": attempts, "retry_causes": [f["cause"] for f in failures], "failed_attempts": failures,
                 "elapsed_s": round(time.monotonic() - t_start, 4), "wasted_cost_usd": spent,
                 "finished_at": round(time.time(), 3)}

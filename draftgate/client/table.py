@@ -3,6 +3,11 @@
 One row per prompt in scope, in prompt-table order: the journal's representative line (last ok,
 else last failed, current request hash only), or, for a prompt no request was made for, a failed
 row with reason `unsent_<why>` and 0 attempts, so nothing in scope disappears silently.
+
+A failed row shows what its last attempt got back, when that was an answer (a junk 200: leaked
+error or content-parts repr in `content`): the table is its quarantine, the reason in
+`failure_reason`. `cost_usd` is everything the line's attempts were billed (the kept answer plus
+paid failures); `wasted_cost_usd` is the part that bought no kept answer.
 """
 
 from __future__ import annotations
@@ -28,17 +33,24 @@ def responses_table(prompts: list[Prompt], hashes: dict[str, str], records: list
 
 
 TEXT_FIELDS = ("reasoning", "reasoning_details", "content", "tool_calls", "logprobs")
+# What a failed row shows of its last attempt's answer (a junk 200), when there was one.
+SHOWN_FIELDS = ("generation_id", "model", "finish_reason", "native_finish_reason", *TEXT_FIELDS, "usage",
+                "token_ids", "prompt_token_ids")
 
 
 def _row(p: Prompt, rhash: str, rec: dict[str, Any]) -> dict[str, Any]:
-    if rec["status"] == "ok" and any(_not_utf8(rec.get(f)) for f in TEXT_FIELDS):
+    if rec["status"] != "ok" and rec.get("failed_attempts"):
+        last = rec["failed_attempts"][-1]
+        rec = {**rec, **{k: last[k] for k in SHOWN_FIELDS if k in last}}
+    if any(_not_utf8(rec.get(f)) for f in TEXT_FIELDS):
         # Text with a lone surrogate cannot be UTF-8, so it can be neither stored in Parquet nor
         # tokenised exactly. The journal keeps it as received; the row is a failure with a reason.
-        rec = {**{k: v for k, v in rec.items() if k not in TEXT_FIELDS},
-               "status": "failed", "failure_reason": "invalid_unicode"}
+        rec = {**{k: v for k, v in rec.items() if k not in TEXT_FIELDS}, "status": "failed",
+               "failure_reason": "invalid_unicode" if rec["status"] == "ok" else rec.get("failure_reason")}
     usage = rec.get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
     ok = rec["status"] == "ok"
+    wasted = rec.get("wasted_cost_usd")
     return {
         "prompt_id": p.prompt_id, "dataset": p.dataset, "request_hash": rhash,
         "status": rec["status"], "failure_reason": None if ok else rec.get("failure_reason"),
@@ -49,7 +61,8 @@ def _row(p: Prompt, rhash: str, rec: dict[str, Any]) -> dict[str, Any]:
         "billed_prompt_tokens": _int(usage.get("prompt_tokens")),
         "billed_completion_tokens": _int(usage.get("completion_tokens")),
         "billed_reasoning_tokens": _int(details.get("reasoning_tokens")),
-        "cost_usd": rec.get("cost_usd") if ok else rec.get("wasted_cost_usd"),
+        "cost_usd": (rec.get("cost_usd") or 0.0) + (wasted or 0.0) if ok else wasted,
+        "wasted_cost_usd": wasted,
         "logprobs": rec.get("logprobs"), "truth_ids": rec.get("token_ids"),
         "prompt_token_ids": rec.get("prompt_token_ids"),
         "attempts": rec.get("attempts"), "latency_s": rec.get("latency_s"),
@@ -59,7 +72,7 @@ def _row(p: Prompt, rhash: str, rec: dict[str, Any]) -> dict[str, Any]:
 def _unsent(p: Prompt, rhash: str, stop_reason: str | None) -> dict[str, Any]:
     return {"prompt_id": p.prompt_id, "dataset": p.dataset, "request_hash": rhash, "status": "failed",
             "failure_reason": f"unsent_{stop_reason}" if stop_reason else "unsent", "attempts": 0,
-            "cost_usd": 0.0}
+            "cost_usd": 0.0, "wasted_cost_usd": 0.0}
 
 
 def _not_utf8(text: Any) -> bool:

@@ -4,7 +4,9 @@ Tests and the client benchmark talk to it over real HTTP. It is a bare asyncio p
 framework) so that thousands of concurrent keep-alive connections cost little CPU and every fault
 is under exact control: status codes with Retry-After, resets, hangs past the client timeout,
 200s with an error body, empty output, `finish_reason: error`, malformed JSON, whitespace
-keep-alive bytes before the body (chunked), slow answers, and provider quirks seen on OpenRouter.
+keep-alive bytes before the body (chunked), slow answers, and provider quirks seen on OpenRouter:
+junk 200s (a provider error leaked into `content`, content parts serialised as JSON or as a Python
+repr), a provider's 429 naming it in `error.metadata`, and error bodies that carry billed `usage`.
 
 What a request gets is decided by its key (the text of the last message) and how many times that
 key was seen: `Script.per_key[key]` lists actions for attempts 1, 2, ... (then "ok"); otherwise a
@@ -30,6 +32,9 @@ from typing import Any, Iterator
 RETRYABLE_FAULTS = (
     "http_408", "http_429", "http_500", "http_502", "http_503", "http_402_inflight",
     "reset", "timeout", "error_body", "empty_output", "finish_error", "malformed_json",
+    # Seen in real OpenRouter traffic (FACTS.md): junk in a billed 200, provider-named 429s, paid errors.
+    "leaked_error_body", "content_parts_json", "content_parts_python", "http_429_provider",
+    "error_body_paid", "http_502_paid",
 )
 # Faults that end a prompt (400, 403) or the whole run (401, credits 402).
 FINAL_FAULTS = ("http_400", "http_401", "http_402_credits", "http_403", "http_403_key_limit")
@@ -58,6 +63,9 @@ class Script:
     cost_usd: float = 0.0001                     # usage.cost of each completion
     api_key: str | None = None                   # when set, any other Bearer gets a 401
     provider: str = "Scripted"
+    # Merged into error.metadata of the provider-attributed faults (http_429_provider, *_paid):
+    # e.g. {"provider_name": "Fireworks"} for a 429 from another provider than the one answering.
+    error_metadata: dict[str, Any] = field(default_factory=dict)
     # Bench mode: answer every request with one prebuilt body, no parsing, no log.
     canned: bool = False
 
@@ -201,6 +209,28 @@ class ScriptedServer:
         elif action == "malformed_json":
             body = _body_bytes(_completion(request, key, s))
             conn.send_later(delay, _http(200, body[: len(body) // 2]))
+        elif action in ("leaked_error_body", "content_parts_json", "content_parts_python"):
+            # Billed 200s whose content is not an answer: what a correct client must not keep.
+            answer = f"Answer to {key}."
+            content = {"leaked_error_body": json.dumps({"error": {
+                           "message": "Upstream provider error (scripted)", "code": 502,
+                           "metadata": {"provider_name": s.provider}}}),
+                       "content_parts_json": json.dumps([{"type": "text", "text": answer}]),
+                       "content_parts_python": repr([{"type": "text", "text": answer}])}[action]
+            conn.send_later(delay, _http(200, _body_bytes(
+                _completion(request, key, s, {"role": "assistant", "content": content}))))
+        elif action == "http_429_provider":
+            meta = {"provider_name": s.provider, "raw": "rate limited upstream (scripted)", **s.error_metadata}
+            conn.send_later(delay, _http(429, _error(429, f"{meta['provider_name']} is temporarily rate-limited "
+                                                          "upstream (scripted)", meta), ra))
+        elif action in ("error_body_paid", "http_502_paid"):
+            # An error the provider billed for: the body carries usage with its cost.
+            meta = {"provider_name": s.provider, "raw": "upstream failed mid-generation (scripted)",
+                    **s.error_metadata}
+            obj = json.loads(_error(502, "Provider returned error (scripted)", meta))
+            obj["usage"] = {"prompt_tokens": 8 * len(request.get("messages", [])), "completion_tokens": 5,
+                            "total_tokens": 8 * len(request.get("messages", [])) + 5, "cost": s.cost_usd}
+            conn.send_later(delay, _http(200 if action == "error_body_paid" else 502, _body_bytes(obj)))
         elif action == "http_429":
             conn.send_later(delay, _http(429, _error(429, "Rate limit exceeded (scripted)"), ra))
         elif action == "http_503":
