@@ -265,8 +265,44 @@ class ExpectColumnValuesJsonRolesValid(ColumnMapExpectation):
         return _sentence(text + ".", {k: (", ".join(v) if isinstance(v, list) else v) for k, v in kw.items()})
 
 
+# ------------------------------------------------------------ not in a set, ignoring case
+
+class ColumnValuesNotInSetIgnoringCase(ColumnMapMetricProvider):
+    condition_metric_name = "column_values.not_in_set_ignoring_case"
+    condition_value_keys = ("value_set",)
+
+    @column_condition_partial(engine=PandasExecutionEngine)
+    def _pandas(cls, column, value_set, **kwargs):
+        banned = {str(v).casefold() for v in value_set}
+        return ~column.astype(str).str.casefold().isin(banned)
+
+
+class ExpectColumnValuesToNotBeInSetIgnoringCase(ColumnMapExpectation):
+    """Expect no value to equal a member of `value_set` when both are case-folded (Fireworks = fireworks)."""
+
+    value_set: List[str]
+
+    map_metric: ClassVar[str] = "column_values.not_in_set_ignoring_case"
+    success_keys: ClassVar[Tuple[str, ...]] = ("value_set", "mostly")
+    args_keys: ClassVar[Tuple[str, ...]] = ("column", "value_set")
+
+    @classmethod
+    def _prescriptive_template(cls, renderer_configuration: RendererConfiguration) -> RendererConfiguration:
+        return _described(renderer_configuration, (("column", RendererValueType.STRING),
+                                                   ("value_set", RendererValueType.ARRAY)),
+                          "$column values must not be any of $value_set, ignoring case.")
+
+    @classmethod
+    @renderer(renderer_type=LegacyRendererType.PRESCRIPTIVE)
+    def _prescriptive_renderer(cls, configuration=None, result=None, runtime_configuration=None, **kwargs):
+        kw = _kwargs(configuration, result)
+        kw["value_set"] = ", ".join(map(str, kw.get("value_set") or [])) or "(none)"
+        return _sentence("$column values must not be any of $value_set, ignoring case.", kw)
+
+
 CUSTOM_TYPES = (
     "expect_column_value_fraction_between",
     "expect_column_sum_ratio_between",
     "expect_column_values_json_roles_valid",
+    "expect_column_values_to_not_be_in_set_ignoring_case",
 )
