@@ -112,7 +112,8 @@ def test_a_probe_pair_that_is_not_a_pair_is_an_error_naming_its_index(qwen3_tok)
 
 def test_result_json_has_the_documented_shape(qwen3_tok):
     d = contract(qwen3_tok, ["<|im_end|>", "hello"], pairs=[["foo", "bar"]], template="qwen3").to_dict()
-    assert set(d) == {"tokenizer", "template", "special_ids", "checks", "boundary_probe", "ok"}
+    assert set(d) == {"tokenizer", "template", "special_ids", "checks", "boundary_probe", "ok", "roles",
+                      "template_contract", "template_probes"}
     assert set(d["tokenizer"]) == {"kind", "name", "fingerprint", "vocab_size"}
     assert set(d["checks"][0]) >= {"name", "id", "decodes_to", "reencodes_to", "single_id", "is_added_token",
                                    "expected_id", "ok", "problem"}
@@ -150,6 +151,11 @@ def test_stage_exits_0_and_writes_the_contract_and_metrics_atomically(tmp_path):
     assert m["boundary_merges"] == sum(p["merges"] for p in doc["boundary_probe"])
     assert m["params"]["tokenizer"]["kind"] == "smollm2"
     assert sorted(p.name for p in out.parent.iterdir()) == ["contract.json"]   # no temp file left
+    # The template contract ran against the template embedded in the GGUF, and passed.
+    tc = doc["template_contract"]
+    assert tc["ok"] and tc["compared"] >= 5 and tc["official"]["source"].endswith("tokenizer.chat_template")
+    assert m["template_contract"] == tc
+    assert doc["roles"]["end_id"] == 2
 
 
 def test_stage_exits_1_after_writing_the_json_and_prints_each_failure_with_its_fix(tmp_path, capsys):
