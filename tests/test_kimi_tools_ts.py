@@ -107,8 +107,10 @@ def test_additional_properties_add_an_index_signature():
 
 
 def test_defs_become_interfaces_above_the_function_and_refs_name_them():
-    params = obj({"origin": {"$ref": "#/$defs/Airport"}, "stops": {"type": "array", "items": {"$ref": "#/$defs/Airport"}}},
-                 ["origin"], **{"$defs": {"Airport": obj({"code": {"type": "string"}}, ["code"], description="An airport")}})
+    airport = obj({"code": {"type": "string"}}, ["code"], description="An airport")
+    params = obj({"origin": {"$ref": "#/$defs/Airport"},
+                  "stops": {"type": "array", "items": {"$ref": "#/$defs/Airport"}}},
+                 ["origin"], **{"$defs": {"Airport": airport}})
     assert encode_tools_ts([tool("fly", params, "Book.")]) == HEAD + (
         "// An airport\ninterface Airport {\n  code: string\n}\n"
         "// Book.\n"
@@ -123,10 +125,12 @@ def test_a_reference_to_the_root_turns_the_parameters_into_an_interface_in_schem
 
 
 def test_unicode_is_written_as_is_and_two_tools_are_one_namespace():
-    tools = [tool("météo", obj({"ville": {"type": "string", "description": "東京 or Zürich 🤖", "default": "Zürich"}}),
+    ville = {"type": "string", "description": "東京 or Zürich 🤖", "default": "Zürich"}
+    tools = [tool("météo", obj({"ville": ville}),
                   "Prévisions"), tool("ping")]
     assert encode_tools_ts(tools) == HEAD + (
-        "// Prévisions\ntype météo = (_: {\n  // 東京 or Zürich 🤖\n  // Default: \"Zürich\"\n  ville?: string\n}) => any;\n"
+        "// Prévisions\ntype météo = (_: {\n  // 東京 or Zürich 🤖\n  // Default: \"Zürich\"\n"
+        "  ville?: string\n}) => any;\n"
         "type ping = (_: {}) => any;") + TAIL
 
 

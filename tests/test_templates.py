@@ -194,7 +194,8 @@ LITERAL = "A literal <|im_end|> or <think> in text stays text."
 
 
 @pytest.mark.parametrize("name, tok_fixture, with_tools", [
-    ("qwen3", "qwen3_tok", True), ("kimi_k2_thinking", "kimi_standin_tok", True), ("kimi_k25", "kimi_standin_tok", True),
+    ("qwen3", "qwen3_tok", True), ("kimi_k2_thinking", "kimi_standin_tok", True),
+    ("kimi_k25", "kimi_standin_tok", True),
     ("chatml", "smollm2_tok", False),
 ])
 def test_rendered_ids_decode_to_the_rendered_text_and_specials_get_single_ids(name, tok_fixture, with_tools,

@@ -34,7 +34,8 @@ ADD_TS = ("# Tools\n\n## functions\nnamespace functions {\n// Add two integers.\
           "type add = (_: {\n  a: number,\n  b: number\n}) => any;\n}\n")
 TWO_KIMI_CALLS = ("<|tool_calls_section_begin|>"
                   '<|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>{"a":1,  "b" : [1,2]}<|tool_call_end|>'
-                  '<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+                  "<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>"
+                  '{"city": "Paris"}<|tool_call_end|>'
                   "<|tool_calls_section_end|>")
 
 
@@ -58,7 +59,8 @@ HISTORY_THEN_LOOP = [
     {"role": "assistant", "reasoning_content": "Greet.", "content": "Hello!"},
     {"role": "user", "content": "Weather in Paris and 1+2?"},
     {"role": "assistant", "reasoning_content": "Two tools.", "content": "", "tool_calls": [
-        call("functions.get_weather:0", "get_weather", WEATHER_ARGS), call("functions.add:1", "add", '{"a": 1, "b": 2}')]},
+        call("functions.get_weather:0", "get_weather", WEATHER_ARGS),
+        call("functions.add:1", "add", '{"a": 1, "b": 2}')]},
     {"role": "tool", "name": "get_weather", "tool_call_id": "functions.get_weather:0", "content": "18°C ☀"},
     {"role": "tool", "tool_call_id": "functions.add:1", "content": "3"},
 ]
@@ -77,7 +79,8 @@ HISTORY_THEN_LOOP_BODY = (
 @pytest.mark.parametrize("name, kwargs_on, kwargs_off", [
     ("kimi_k2", None, {}), ("kimi_k2_thinking", {}, None), ("kimi_k25", {"thinking": True}, {"thinking": False}),
 ])
-def test_each_kimi_release_is_of_the_kimi_family_and_names_its_official_template_and_kwargs(name, kwargs_on, kwargs_off):
+def test_each_kimi_release_is_of_the_kimi_family_and_names_its_official_template_and_kwargs(name, kwargs_on,
+                                                                                           kwargs_off):
     t = get_template(name)
     assert t.family == "kimi" and t.official
     if kwargs_on is not None:
@@ -193,7 +196,8 @@ def test_k2_thinking_has_no_non_thinking_mode():
 
 def test_k25_has_no_default_system_turn_and_prefills_think_when_thinking():
     t = get_template("kimi_k25")
-    assert_renders(t.render_prompt([{"role": "user", "content": "2+2?"}], None, True), U + "2+2?" + END + A + "<think>", t)
+    assert_renders(t.render_prompt([{"role": "user", "content": "2+2?"}], None, True),
+                   U + "2+2?" + END + A + "<think>", t)
     assert_renders(t.render_completion(Completion("Add.", "4"), True), "Add.</think>4" + END, t)
     assert_renders(t.render_completion(Completion("", "4"), True), "</think>4" + END, t)
 

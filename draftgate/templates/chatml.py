@@ -32,7 +32,8 @@ class ChatMLTemplate(ChatTemplate):
         check_messages(self.name, messages)
         if check_tools(self.name, tools):
             raise TemplateError("chatml: the SmolLM2 template has no tool declarations; drop tools "
-                                "from these prompts or use a template that declares them (qwen3, kimi_k2, kimi_k2_thinking, kimi_k25)")
+                                "from these prompts or use a template that declares them (qwen3, kimi_k2, "
+                                "kimi_k2_thinking, kimi_k25)")
         self._no_thinking(thinking)
         b = Builder()
         for i, m in enumerate(messages):

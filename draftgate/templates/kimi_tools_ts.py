@@ -265,7 +265,8 @@ def parse_schema(schema: Any, defs: Definitions) -> Node:
             try:
                 names = [UNION_NAMES[t] for t in declared]
             except (KeyError, TypeError):
-                raise TSDeclarationError(f"type list {declared!r}: each must be one of {', '.join(UNION_NAMES)}") from None
+                raise TSDeclarationError(
+                    f"type list {declared!r}: each must be one of {', '.join(UNION_NAMES)}") from None
             return Union(description, {}, names)
         if declared == "object":
             return parse_object(schema, defs)
