@@ -211,7 +211,7 @@ def template_roles(template: Any, ids: Mapping[str, int]) -> dict[str, Any] | No
     for a, b in template.tool_marker_pairs:
         markers.update((a, b))
     # Kimi may run from reasoning straight into its tool-call section without </think>.
-    implicit = [ids[template.tool_marker_pairs[0][0]]] if template.name.startswith("kimi") else []
+    implicit = [ids[template.tool_marker_pairs[0][0]]] if template.family == "kimi" else []
     inner = sorted(ids[n] for n in names if n in markers)
     return {
         "end_id": ids[template.end_token],

@@ -91,6 +91,15 @@ def tokens():
         # includes the final end token) and the row's delta under it (0 = agrees).
         ("billing_convention", pa.string()),
         ("billing_residual", pa.int64()),
+        # Prompt billing: the backend's billed prompt count, the provider's offset (declared or
+        # learned: billed = len(prompt ids) + offset) and the row's residual under it.
+        ("billed_prompt_tokens", pa.int64()),
+        ("prompt_billing_offset", pa.int32()),
+        ("prompt_billing_residual", pa.int64()),
+        ("prompt_source", pa.string()),             # official (the target's own template) | code
+        # The text method's completion ids where they differ from completion_ids (null when
+        # equal, or when the text method made the row): the gate's mismatch recount reads them.
+        ("text_ids", pa.list_(pa.int32())),
         ("finish_reason", pa.string()),
         ("provider", pa.string()),
         ("ends_with_eos", pa.bool_()),

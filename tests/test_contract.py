@@ -32,7 +32,7 @@ def test_contract_passes_on_smollm2_for_chatml(smollm2_tok):
 
 
 def test_contract_passes_on_the_kimi_standin_for_the_kimi_k2_template(kimi_standin_tok):
-    r = contract(kimi_standin_tok, template_special_names("kimi_k2"), template="kimi_k2")
+    r = contract(kimi_standin_tok, template_special_names("kimi_k25"), template="kimi_k2")
     assert r.ok, [c.problem for c in r.failures()]
     assert r.special_ids["<|im_end|>"] == 163586 and r.special_ids["<|tool_call_argument_begin|>"] == 163598
 
@@ -46,7 +46,7 @@ def test_contract_passes_on_deepseek_for_its_think_and_tool_names(deepseek_tok):
 # ---------------------------------------------------------------- failing contracts
 
 def test_contract_rejects_im_end_163533_naming_the_real_id_and_what_163533_is(kimi_standin_tok):
-    r = contract(kimi_standin_tok, template_special_names("kimi_k2"), {"<|im_end|>": 163533})
+    r = contract(kimi_standin_tok, template_special_names("kimi_k25"), {"<|im_end|>": 163533})
     assert not r.ok
     (bad,) = r.failures()
     assert (bad.name, bad.id, bad.expected_id, bad.reasons) == ("<|im_end|>", 163586, 163533, ("expected_id_mismatch",))
@@ -72,7 +72,7 @@ def test_an_ordinary_piece_given_as_a_special_name_fails_as_not_an_added_token(q
 
 
 def test_the_kimi_template_on_the_qwen3_tokenizer_fails_on_every_kimi_only_name(qwen3_tok):
-    r = contract(qwen3_tok, template_special_names("kimi_k2"), template="kimi_k2")
+    r = contract(qwen3_tok, template_special_names("kimi_k25"), template="kimi_k25")
     missing = {c.name for c in r.failures() if c.reasons == ("not_in_vocabulary",)}
     assert {"<|im_middle|>", "<|im_assistant|>", "<|tool_call_begin|>"} <= missing
     assert {c.name for c in r.checks if c.ok} == {"<|im_end|>", "<think>", "</think>"}
@@ -194,10 +194,10 @@ def test_the_contract_suite_passes_a_good_contract_and_fails_a_bad_one_in_the_ga
     from draftgate.gates import main as validate
 
     good = tmp_path / "good.json"
-    good.write_text(json.dumps(contract(kimi_standin_tok, template_special_names("kimi_k2")).to_dict()))
+    good.write_text(json.dumps(contract(kimi_standin_tok, template_special_names("kimi_k25")).to_dict()))
     assert validate(["expectations/contract.json", str(good), "--no-docs"]) == 0
     bad = tmp_path / "bad.json"
-    r = contract(kimi_standin_tok, [*template_special_names("kimi_k2"), "hello", "<|nope|>"], {"<|im_end|>": 163533})
+    r = contract(kimi_standin_tok, [*template_special_names("kimi_k25"), "hello", "<|nope|>"], {"<|im_end|>": 163533})
     bad.write_text(json.dumps(r.to_dict()))
     result = tmp_path / "gate.json"
     assert validate(["expectations/contract.json", str(bad), "--no-docs", "--result", str(result)]) == 1

@@ -85,7 +85,7 @@ def test_kimi_prefilled_think_tool_call_with_stripped_id_reconstructs_exactly(ki
     golden = ("Need add.</think>Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0"
               "<|tool_call_argument_begin|>" + ODD_ARGS + "<|tool_call_end|><|tool_calls_section_end|><|im_end|>")
     truth = tok.encode(golden)
-    row, res = one(tok, setup_for(tok, "kimi_k2", True),
+    row, res = one(tok, setup_for(tok, "kimi_k25", True),
                    response(content="Sure.", reasoning="Need add.", finish="tool_calls",
                             tool_calls=[call("add", ODD_ARGS, "add:0")], truth=truth))
     assert (row["match"], row["quarantine_reason"]) == ("exact", None)
@@ -100,7 +100,7 @@ def test_kimi_reasoning_straight_into_tool_calls_is_rendered_without_think_end_w
     golden = ("Need add.<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0"
               "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|><|im_end|>")
     truth = tok.encode(golden)
-    row, _ = one(tok, setup_for(tok, "kimi_k2", True),
+    row, _ = one(tok, setup_for(tok, "kimi_k25", True),
                  response(content=None, reasoning="Need add.", finish="tool_calls",
                           tool_calls=[call("add", "{}", "functions.add:0")], truth=truth))
     assert (row["match"], row["quarantine_reason"], row["think_balanced"]) == ("exact", None, True)
@@ -312,7 +312,7 @@ def test_the_prefix_verdict_equals_encoding_the_whole_conversation_as_one_string
 
 def test_a_contract_with_im_end_163533_is_caught_on_the_rows(kimi_standin_tok):
     tok = kimi_standin_tok
-    t = get_template("kimi_k2")
+    t = get_template("kimi_k25")
     ids = {n: tok.token_id(n) for n in t.special_names} | {"<|im_end|>": 163533}
     golden = "Hello there.<|im_end|>"
     row, _ = one(tok, Setup(tok, t, ids, False), response(content="Hello there.", truth=tok.encode(golden)),

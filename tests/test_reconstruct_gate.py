@@ -117,7 +117,7 @@ def test_the_163533_replay_fails_the_gate(tmp_path, kimi_standin_tok):
         truth = tok.encode(text + "<|im_end|>")
         rows.append(resp(f"p{k}", text, truth, len(truth)))
         prompts.append(prompt(f"p{k}"))
-    ids = names(tok, "kimi_k2") | {"<|im_end|>": 163533}
+    ids = names(tok, "kimi_k25") | {"<|im_end|>": 163533}
     code, failed, table = run_gate(tmp_path, tok, "kimi_k2", ids, rows, prompts)
     assert code == 1
     assert {"n_semantic", "quarantine_rate"} <= failed

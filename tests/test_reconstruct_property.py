@@ -171,7 +171,7 @@ def test_kimi_random_completions_with_stripped_ids_are_exact_or_correctly_classi
            "tool_calls": json.dumps([{"id": call_id, "type": "function",
                                       "function": {"name": "add", "arguments": args}}]),
            "billed_completion_tokens": len(truth), "logprobs": None, "truth_ids": truth}
-    t = get_template("kimi_k2")
+    t = get_template("kimi_k25")
     out = reconstruct([row], PROMPTS, Setup(tok, t, {n: ids_of(n) for n in t.special_names}, True)).rows[0]
 
     model_bytes = b"".join(tok.token_bytes(i) for i in truth)

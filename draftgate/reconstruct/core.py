@@ -334,7 +334,7 @@ def settle_billing(rows: Sequence[dict], conventions_params: Any, on_mismatch: s
 
 
 def _family(tmpl: Any) -> str:
-    return getattr(tmpl, "family", None) or tmpl.name.split("_")[0]
+    return tmpl.family
 
 
 def _dialect(tmpl: Any, messages: list[dict]) -> Dialect:
