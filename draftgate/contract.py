@@ -233,7 +233,8 @@ def vocab_table(tok: Any) -> Any:
 
     ids = range(tok.vocab_size)
     return pa.table({"id": pa.array(ids, pa.int32()),
-                     "hex": pa.array([tok.token_bytes(i).hex() for i in ids], pa.string())})
+                     "hex": pa.array([tok.token_bytes(i).hex() for i in ids], pa.string()),
+                     "added": pa.array([tok.is_added(i) for i in ids], pa.bool_())})
 
 
 def boundary_probe(tok: Any, pairs: Sequence[Sequence[str]]) -> tuple[Probe, ...]:

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         params = all_params.prompts
         files = _selected(prompts.raw_files(args.raw), params.datasets, args.raw)
         records = [r for path in files for r in _read(prompts, path)]
-        result = prompts.ingest(records, params, _render_problem(all_params.template))
+        result = prompts.ingest(records, params, _render_problem(all_params))
     except (ParamsError, OSError, ValueError) as e:
         print(f"stages.prompts: {e}", file=sys.stderr)
         return 2
@@ -58,18 +58,33 @@ def _selected(files: list[Path], datasets: list[str] | None, raw: str) -> list[P
     return [f for f in files if f.stem in datasets]
 
 
-def _render_problem(template_params):
-    """The target template's verdict on each prompt: None when it renders, else why not."""
+def _render_problem(params):
+    """The target's verdict on each prompt: None when it renders, else why not. The template as
+    code must render it, and so must the model directory's own template where there is one (the
+    serving engine renders with that one: a prompt it refuses would be paid for and fail)."""
+    from draftgate.official import OfficialTemplateError, official_template
+    from draftgate.reconstruct.request import apply_rules
     from draftgate.templates import TemplateError, get_template
 
-    template = get_template(template_params.name)
+    template, thinking = get_template(params.template.name), params.template.thinking
+    official = None
+    if params.tokenizer.kind == "hf_dir":
+        from draftgate.tokenizers import load_tokenizer
+
+        official = official_template(load_tokenizer(params.tokenizer), "hf_dir", params.tokenizer.path)
 
     def problem(messages, tools):
+        tools = apply_rules(tools, params.reconstruct.request_rules)
         try:
-            template.render_prompt(messages, tools, template_params.thinking)
+            template.render_prompt(messages, tools, thinking)
         except TemplateError as e:
             return f"the {template.name} template cannot render this prompt: {e}; choose a template " \
                    f"that supports it (template.name) or leave its dataset out (prompts.datasets)"
+        if official is not None:
+            try:
+                official.render(messages, tools, template.jinja_kwargs(thinking))
+            except OfficialTemplateError as e:
+                return f"{e}; leave such prompts out (prompts.datasets) or fix the model directory"
         return None
 
     return problem

@@ -193,14 +193,21 @@ def test_the_draftgate_console_script_dispatches_contract(tmp_path):
 def test_the_contract_suite_passes_a_good_contract_and_fails_a_bad_one_in_the_gate(tmp_path, kimi_standin_tok):
     from draftgate.gates import main as validate
 
+    import pyarrow.parquet as pq
+
+    from draftgate.contract import vocab_table
+
+    vocab = tmp_path / "vocab.parquet"
+    pq.write_table(vocab_table(kimi_standin_tok), vocab)
     good = tmp_path / "good.json"
     good.write_text(json.dumps(contract(kimi_standin_tok, template_special_names("kimi_k25")).to_dict()))
-    assert validate(["expectations/contract.json", str(good), "--no-docs"]) == 0
+    assert validate(["expectations/contract.json", str(good), "--input", f"vocab={vocab}", "--no-docs"]) == 0
     bad = tmp_path / "bad.json"
     r = contract(kimi_standin_tok, [*template_special_names("kimi_k25"), "hello", "<|nope|>"], {"<|im_end|>": 163533})
     bad.write_text(json.dumps(r.to_dict()))
     result = tmp_path / "gate.json"
-    assert validate(["expectations/contract.json", str(bad), "--no-docs", "--result", str(result)]) == 1
+    assert validate(["expectations/contract.json", str(bad), "--input", f"vocab={vocab}", "--no-docs",
+                     "--result", str(result)]) == 1
     failed = {(e["type"], e["kwargs"].get("column")) for e in json.loads(result.read_text())["expectations"]
               if not e["success"]}
     assert failed == {("expect_column_values_to_not_be_null", "id"),
@@ -209,4 +216,28 @@ def test_the_contract_suite_passes_a_good_contract_and_fails_a_bad_one_in_the_ga
                       ("expect_column_values_to_be_in_set", "is_added_token"),
                       ("expect_column_values_to_be_in_set", "isolates_text"),
                       ("expect_column_values_to_be_null", "problem"),
-                      ("expect_column_values_to_be_in_set", "ok")}
+                      ("expect_column_values_to_be_in_set", "ok"),
+                      # Recomputed from the vocabulary's added-token table: "hello" is an ordinary piece.
+                      ("expect_column_values_to_be_null", "vocab_not_added")}
+
+
+def test_the_contract_gate_recomputes_from_the_vocabulary_not_from_the_stages_verdicts(tmp_path, kimi_standin_tok):
+    # A contract whose rows were edited to claim <|im_end|> = 163533 with every verdict left "ok".
+    import pyarrow.parquet as pq
+
+    from draftgate.contract import vocab_table
+    from draftgate.gates import main as validate
+
+    vocab = tmp_path / "vocab.parquet"
+    pq.write_table(vocab_table(kimi_standin_tok), vocab)
+    doc = contract(kimi_standin_tok, template_special_names("kimi_k25")).to_dict()
+    for c in doc["checks"]:
+        if c["name"] == "<|im_end|>":
+            c["id"] = 163533
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps(doc))
+    result = tmp_path / "gate.json"
+    assert validate(["expectations/contract.json", str(forged), "--input", f"vocab={vocab}", "--no-docs",
+                     "--result", str(result)]) == 1
+    failed = {e["kwargs"].get("column") for e in json.loads(result.read_text())["expectations"] if not e["success"]}
+    assert failed == {"vocab_spells_other", "vocab_not_added"}

@@ -144,3 +144,24 @@ def test_hf_dir_prompt_ids_are_the_directory_templates_as_the_engine_encodes_the
         assert r["input_ids"][:r["prompt_len"]] == engine and r["prompt_source"] == "official"
     key = "official_equals_code" if agree else "official_differs_from_code"
     assert dict(result.counts["prompt_render"]) == {key: 2}
+
+
+def test_the_prompts_stage_rejects_what_the_model_directorys_own_template_refuses(tmp_path, smollm2_tok):
+    from stages.prompts import main as prompts_stage
+
+    def refuse_systems(t):
+        return "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}" + t
+    d = model_dir(tmp_path, smollm2_tok, refuse_systems)
+    (tmp_path / "raw").mkdir()
+    lines = [{"messages": [{"role": "user", "content": "Hi"}]},
+             {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}]
+    (tmp_path / "raw" / "chat.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"tokenizer": {"kind": "hf_dir", "path": str(d)}, "template": {"name": "chatml"}}))
+    assert prompts_stage(["--params", str(tmp_path / "params.yaml"), "--raw", str(tmp_path / "raw"),
+                          "--out", str(tmp_path / "out"), "--metrics", str(tmp_path / "m.json")]) == 0
+    import pyarrow.parquet as pq
+
+    rejects = pq.read_table(tmp_path / "out" / "rejects.parquet").to_pylist()
+    assert [(r["source"], r["reason"]) for r in rejects] == [("chat.jsonl:2", "template_unsupported")]
+    assert "no system turns" in rejects[0]["detail"]

@@ -19,12 +19,19 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 
+# Untracked files are copied only from the source folders: a checkout that has run `make repro`
+# also holds DVC's untracked outputs (dvc.lock, metrics/, data/*/.gitignore), which a fresh clone
+# does not, and the tests must not depend on what the checkout ran before.
+SOURCE_DIRS = ("draftgate", "stages", "tests", "expectations", "bench", "docs")
+
+
 def copy_repo(dest: Path) -> Path:
-    """Copy what a fresh clone would hold (tracked + untracked, not ignored) into a new git repo."""
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
+    """Copy what a fresh clone would hold (tracked files, plus new source files not yet committed)
+    into a new git repo."""
+    def listed(*args: str) -> list[str]:
+        out = subprocess.run(["git", "ls-files", "-z", *args], cwd=REPO, capture_output=True, check=True)
+        return out.stdout.decode().split("\0")
+    files = listed("--cached") + listed("--others", "--exclude-standard", "--", *SOURCE_DIRS)
     for rel in filter(None, files):
         src = REPO / rel
         if src.is_file():
@@ -98,12 +105,20 @@ def test_a_corrupted_tokens_table_fails_its_gate(small_repo):
 
     path = small_repo / "data" / "tokens" / "tokens.parquet"
     table = pq.read_table(path)
-    # Drop the end token from every kept completion: the tokens gate must notice.
-    ends = pa.array([False] * table.num_rows)
-    pq.write_table(table.set_column(table.schema.get_field_index("ends_with_eos"), "ends_with_eos", ends), path)
+    # Drop the end token from every completion (input ids and mask kept consistent), and leave
+    # every column the reconstruct stage wrote about the rows as it was: the gate reads the ids.
+    rows = table.to_pylist()
+    for r in rows:
+        r["completion_ids"] = r["completion_ids"][:-1]
+        r["input_ids"] = r["input_ids"][:-1]
+        r["loss_mask"] = r["loss_mask"][:-1]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
     out = run(["dvc", "repro", "--single-item", "gate_tokens"], small_repo, check=False)
     assert out.returncode != 0
+    failed = {e["kwargs"].get("column") for e in gate(small_repo, "tokens")["expectations"] if not e["success"]}
+    # Rows the model stopped on lack their end token; every row's length no longer matches its bill.
     assert gate(small_repo, "tokens")["success"] is False
+    assert {"kept_without_end_token", "billing_row_agreement"} <= failed
 
 
 def test_a_wrong_configured_special_id_stops_the_pipeline_at_the_contract_gate(tmp_path):
@@ -129,4 +144,4 @@ def test_a_failed_gate_stops_repro_before_the_next_stage(tmp_path):
     out = run(["dvc", "repro"], repo, check=False)
     assert out.returncode != 0
     assert gate(repo, "prompts")["success"] is False
-    assert not (repo / "data" / "responses").exists()
+    assert not (repo / "data" / "responses" / "responses.parquet").exists()
