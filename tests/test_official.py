@@ -165,3 +165,45 @@ def test_the_prompts_stage_rejects_what_the_model_directorys_own_template_refuse
     rejects = pq.read_table(tmp_path / "out" / "rejects.parquet").to_pylist()
     assert [(r["source"], r["reason"]) for r in rejects] == [("chat.jsonl:2", "template_unsupported")]
     assert "no system turns" in rejects[0]["detail"]
+
+
+# A tokenizer class shipped as a model directory's remote code, whose apply_chat_template
+# prepares a template variable from `tools` first, the way Kimi-K2.5's tokenization_kimi.py
+# declares tools in TypeScript style. Written for this test; the declaration is draftgate's own.
+HOOK = '''
+from transformers import PreTrainedTokenizerFast
+
+from draftgate.templates.kimi_tools_ts import ts_declaration
+
+
+class HookTokenizer(PreTrainedTokenizerFast):
+    def apply_chat_template(self, conversation, tools=None, **kwargs):
+        if tools:
+            kwargs["tools_ts_str"] = ts_declaration(tools)
+        return super().apply_chat_template(conversation, tools=tools, **kwargs)
+'''
+HOOK_TEMPLATE = ("{% if tools_ts_str %}<|im_system|>tool_declare<|im_middle|>{{ tools_ts_str }}<|im_end|>{% endif %}"
+                 "{% for m in messages %}<|im_user|>user<|im_middle|>{{ m.content }}<|im_end|>{% endfor %}"
+                 "<|im_assistant|>assistant<|im_middle|>")
+
+
+def test_the_model_directorys_tokenizer_hooks_shape_the_official_render(tmp_path, kimi_standin_tok):
+    from draftgate.templates.kimi_tools_ts import ts_declaration
+    from draftgate.templates.probes import WEATHER
+
+    d = tmp_path / "kimi-like"
+    kimi_standin_tok.hf.save_pretrained(str(d))
+    (d / "tokenization_hook.py").write_text(HOOK)
+    (d / "chat_template.jinja").write_text(HOOK_TEMPLATE)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    cfg.update(tokenizer_class="HookTokenizer", auto_map={"AutoTokenizer": [None, "tokenization_hook.HookTokenizer"]})
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+    tok = load_tokenizer(TokenizerParams(kind="hf_dir", path=str(d), trust_remote_code=True))
+    official = official_template(tok, "hf_dir", str(d))
+    text = official.render([{"role": "user", "content": "Weather in Paris?"}], [WEATHER], {})
+    assert text.startswith("<|im_system|>tool_declare<|im_middle|>" + ts_declaration([WEATHER]) + "<|im_end|>")
+    assert "namespace functions" in text
+    # The hook's code is part of what the contract records about the official template.
+    assert official.hooks_sha256 is not None and len(official.hooks_sha256) == 64

@@ -138,6 +138,16 @@ PROBES: tuple[ProbeConversation, ...] = (
         {"role": "user", "content": "Ça va ? 🤖 مرحبا — naïve café\tαβγ"},
         {"role": "assistant", "content": "Très bien ! 👍"},
         {"role": "user", "content": "Und jetzt: Ελληνικά, 한국어, עברית."}], None, True),
+    # The same without thinking: templates with no thinking mode (chatml) compare these too.
+    ProbeConversation("unicode_no_thinking", [
+        {"role": "system", "content": "Réponds en français. 日本語も可。"},
+        {"role": "user", "content": "Ça va ? 🤖 مرحبا — naïve café\tαβγ"},
+        {"role": "assistant", "content": "Très bien ! 👍"},
+        {"role": "user", "content": "Und jetzt: Ελληνικά, 한국어, עברית."}], None, False),
+    ProbeConversation("whitespace_edges_no_thinking", [
+        {"role": "user", "content": "  leading and trailing  \n\n"},
+        {"role": "assistant", "content": "\n\nOK.  "},
+        {"role": "user", "content": "\tcode:\n    x = 1\n"}], None, False),
     ProbeConversation("empty_content", [
         {"role": "system", "content": ""},
         {"role": "user", "content": ""},
