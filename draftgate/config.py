@@ -1,21 +1,59 @@
 """Typed, strict params: params.yaml -> frozen dataclasses, one per section.
 
-Every key is checked: an unknown key or a value of the wrong type fails with its dotted path,
-what was found, and the allowed keys or type. Nothing is silently defaulted from a typo.
+Every key is checked: an unknown key, a value of the wrong type, or a number outside its range
+fails with its dotted path, what was found, and the allowed keys, type or range
+(`generate.max_attempts: 0 is out of range; allowed: >= 1`). Every problem in the file is
+reported at once. Nothing is silently defaulted from a typo.
+
+A number's range is part of its type: `Annotated[int, Range(ge=1)]`. Floats must be finite
+(YAML's `.nan` and `.inf` are refused everywhere).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 
 class ParamsError(ValueError):
     """A params file that does not match the typed sections below."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed values of a number: bounds that are None are open."""
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def admits(self, x: float) -> bool:
+        return ((self.ge is None or x >= self.ge) and (self.gt is None or x > self.gt)
+                and (self.le is None or x <= self.le) and (self.lt is None or x < self.lt))
+
+    def __str__(self) -> str:
+        parts = [f"{op} {_num(b)}" for op, b in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+                 if b is not None]
+        return " and ".join(parts)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+# The ranges the sections below use.
+Count = Annotated[int, Range(ge=0)]
+Positive = Annotated[int, Range(ge=1)]
+Seed = Annotated[int, Range(ge=0)]
+Fraction = Annotated[float, Range(ge=0.0, le=1.0)]
+Seconds = Annotated[float, Range(ge=0.0)]
+Usd = Annotated[float, Range(ge=0.0)]
+TokenId = Annotated[int, Range(ge=0)]
 
 
 # ---------------------------------------------------------------- sections
@@ -28,7 +66,7 @@ class TokenizerParams:
     path: str | None = None
     trust_remote_code: bool = False
     # name -> id a user believes in; the contract fails when the tokenizer disagrees.
-    expected_ids: dict[str, int] = field(default_factory=dict)
+    expected_ids: dict[str, TokenId] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -51,15 +89,19 @@ class ContractParams:
 class PromptsParams:
     # Raw files (by stem) to ingest; null = every file under the raw directory.
     datasets: list[str] | None = None
-    heldout_fraction: float = 0.1
-    split_seed: int = 0
-    max_prompts: int | None = None
+    heldout_fraction: Fraction = 0.1
+    split_seed: Seed = 0
+    max_prompts: Positive | None = None     # null = no cap
 
 
 @dataclass(frozen=True)
 class PriceParams:
-    prompt_usd_per_mtok: float = 0.0
-    completion_usd_per_mtok: float = 0.0
+    prompt_usd_per_mtok: Usd = 0.0
+    completion_usd_per_mtok: Usd = 0.0
+
+    @property
+    def free(self) -> bool:
+        return not (self.prompt_usd_per_mtok or self.completion_usd_per_mtok)
 
 
 @dataclass(frozen=True)
@@ -68,38 +110,47 @@ class GenerateParams:
     base_url: str | None = None
     model: str = "smollm2-135m-instruct"
     api_key_env: str = "OPENROUTER_API_KEY"
-    concurrency: int = 16
-    max_attempts: int = 6
-    timeout_s: float = 600.0
-    budget_usd: float = 0.0
-    max_tokens: int = 128
-    temperature: float = 0.7
-    top_p: float = 1.0
-    seed: int | None = 0
+    concurrency: Positive = 16
+    max_attempts: Positive = 6
+    timeout_s: Annotated[float, Range(gt=0.0)] = 600.0
+    # The most the whole journal may cost (every run, every billed attempt, timeouts at their
+    # worst case): not per run. 0 = no budget, which only a free backend may run with (backend
+    # local, or openai at a zero price); the client refuses to send otherwise (client/budget.py).
+    budget_usd: Usd = 0.0
+    max_tokens: Positive = 128
+    temperature: Annotated[float, Range(ge=0.0, le=2.0)] = 0.7
+    top_p: Annotated[float, Range(gt=0.0, le=1.0)] = 1.0
+    seed: Seed | None = 0
     logprobs: bool = False
-    top_logprobs: int = 0
+    top_logprobs: Annotated[int, Range(ge=0, le=20)] = 0
     # Passed through to OpenRouter as given.
     provider: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     price: PriceParams = field(default_factory=PriceParams)
-    limit: int | None = None
+    limit: Positive | None = None           # the first N prompts of the table; null = all
     # Merged last into every request body (any backend), e.g. {"tool_choice": "auto"}.
     extra_body: dict[str, Any] | None = None
     # Backoff: base doubling up to max, with jitter; a server's Retry-After is honoured up to the cap.
-    retry_base_s: float = 0.5
-    retry_max_s: float = 8.0
-    retry_after_cap_s: float = 60.0
+    retry_base_s: Seconds = 0.5
+    retry_max_s: Seconds = 8.0
+    retry_after_cap_s: Seconds = 60.0
     # OpenRouter attribution headers (HTTP-Referer, X-Title).
     http_referer: str | None = None
     app_title: str = "draftgate"
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.retry_max_s < self.retry_base_s:
+            return [("retry_max_s", f"{self.retry_max_s} is below retry_base_s {self.retry_base_s}; "
+                                    "the backoff doubles from the base up to the max")]
+        return []
 
 
 @dataclass(frozen=True)
 class ServeParams:
     model: Literal["smollm2"] = "smollm2"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_batch: int = 16
-    batch_wait_ms: int = 20
+    max_batch: Positive = 16
+    batch_wait_ms: Count = 20
 
 
 @dataclass(frozen=True)
@@ -111,6 +162,7 @@ class BillingParams:
         default_factory=lambda: {"*": "learn"})
     # prompt: billed prompt tokens minus our prompt ids (1 for a provider that counts a BOS we do
     # not render, ...); "learn" takes it from rows whose prompt ids the backend returned and equal ours.
+    # (An offset, so any int.)
     prompt: dict[str, Union[int, Literal["learn"]]] = field(default_factory=lambda: {"*": "learn"})
 
 
@@ -127,37 +179,43 @@ class ReconstructParams:
 
 @dataclass(frozen=True)
 class PromptsGateParams:
-    max_rejects_rate: float = 0.05
-    min_heldout_fraction: float = 0.03
-    max_heldout_fraction: float = 0.25
+    max_rejects_rate: Fraction = 0.05
+    min_heldout_fraction: Fraction = 0.03
+    max_heldout_fraction: Fraction = 0.25
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.min_heldout_fraction > self.max_heldout_fraction:
+            return [("min_heldout_fraction", f"{self.min_heldout_fraction} is above max_heldout_fraction "
+                                             f"{self.max_heldout_fraction}; no split could pass")]
+        return []
 
 
 @dataclass(frozen=True)
 class ResponsesGateParams:
-    max_length_rate: float = 0.5
-    max_failed_rate: float = 0.02
+    max_length_rate: Fraction = 0.5
+    max_failed_rate: Fraction = 0.02
     # Providers whose rows must not appear (e.g. quantised deployments excluded for the run).
     ignore_providers: list[str] = field(default_factory=list)
     # Total cost_usd ceiling for the table; null = no ceiling (local backends cost nothing).
-    max_cost_usd: float | None = None
+    max_cost_usd: Usd | None = None
 
 
 @dataclass(frozen=True)
 class TemplateGateParams:
     # Probes compared byte for byte with the official template; 0 accepts a target whose
     # tokenizer ships no template (the qwen3/deepseek package kinds).
-    min_compared: int = 1
+    min_compared: Count = 1
 
 
 @dataclass(frozen=True)
 class TokensGateParams:
-    max_billing_delta_rate: float = 0.0004   # aggregate |sum delta| / sum billed
-    min_row_billing_agreement: float = 0.98
-    max_prompt_billing_delta_rate: float = 0.0004
-    min_prompt_billing_agreement: float = 0.98
-    max_mismatch_rate: float = 0.5
-    max_semantic: int = 0
-    max_quarantine_rate: float = 0.05
+    max_billing_delta_rate: Fraction = 0.0004   # aggregate |sum delta| / sum billed
+    min_row_billing_agreement: Fraction = 0.98
+    max_prompt_billing_delta_rate: Fraction = 0.0004
+    min_prompt_billing_agreement: Fraction = 0.98
+    max_mismatch_rate: Fraction = 0.5
+    max_semantic: Count = 0
+    max_quarantine_rate: Fraction = 0.05
 
 
 @dataclass(frozen=True)
@@ -205,24 +263,42 @@ def as_dict(obj: Any) -> Any:
 
 
 def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
+    """One section; every problem in it (and below it) is collected, one per line."""
     where = prefix.rstrip(".") or "(top level)"
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ParamsError(f"{source}: {where}: expected a mapping, got {type(data).__name__} {data!r}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in data if k not in names]
-    if unknown:
-        raise ParamsError(
-            f"{source}: {prefix}{unknown[0]}: unknown key; allowed keys here: {', '.join(names)}")
-    kwargs = {k: _coerce(hints[k], v, source, f"{prefix}{k}") for k, v in data.items()}
-    return cls(**kwargs)
+    errors = [f"{source}: {prefix}{k}: unknown key; allowed keys here: {', '.join(names)}"
+              for k in data if k not in names]
+    kwargs = {}
+    for k, v in data.items():
+        if k in names:
+            try:
+                kwargs[k] = _coerce(hints[k], v, source, f"{prefix}{k}")
+            except ParamsError as e:
+                errors.append(str(e))
+    if errors:
+        raise ParamsError("\n".join(errors))
+    obj = cls(**kwargs)
+    check = getattr(obj, "problems", None)
+    problems = check() if check is not None else []
+    if problems:
+        raise ParamsError("\n".join(f"{source}: {prefix}{k}: {msg}" for k, msg in problems))
+    return obj
 
 
 def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if origin is Annotated:
+        coerced = _coerce(args[0], value, source, key)
+        for rule in tp.__metadata__:
+            if isinstance(rule, Range) and not rule.admits(coerced):
+                raise ParamsError(f"{source}: {key}: {value!r} is out of range; allowed: {rule}")
+        return coerced
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, source, key + ".")
     if origin in (Union, types.UnionType):
@@ -244,16 +320,19 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise ParamsError(f"{source}: {key}: expected a list, got {value!r}")
-        return [_coerce(args[0], v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        return _collect([(f"{key}[{i}]", args[0], v) for i, v in enumerate(value)], source, list)
     if origin is dict:
         if not isinstance(value, dict):
             raise ParamsError(f"{source}: {key}: expected a mapping, got {value!r}")
-        return {_coerce(args[0], k, source, f"{key}.{k}"): _coerce(args[1], v, source, f"{key}.{k}")
-                for k, v in value.items()}
+        keys = _collect([(f"{key}.{k}", args[0], k) for k in value], source, list)
+        values = _collect([(f"{key}.{k}", args[1], v) for k, v in value.items()], source, list)
+        return dict(zip(keys, values))
     if tp is Any:
         return value
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ParamsError(f"{source}: {key}: {value!r} is not a finite number")
             return float(value)
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -264,5 +343,23 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
     raise ParamsError(f"{source}: {key}: expected {_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
+def _collect(items: list[tuple[str, Any, Any]], source: str, kind: type) -> Any:
+    out, errors = [], []
+    for key, tp, value in items:
+        try:
+            out.append(_coerce(tp, value, source, key))
+        except ParamsError as e:
+            errors.append(str(e))
+    if errors:
+        raise ParamsError("\n".join(errors))
+    return kind(out)
+
+
 def _name(tp: Any) -> str:
+    if typing.get_origin(tp) is Annotated:
+        return _name(typing.get_args(tp)[0])
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return " | ".join(_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(map(repr, typing.get_args(tp)))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")

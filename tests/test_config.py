@@ -85,3 +85,70 @@ def test_invalid_yaml_names_the_file(tmp_path):
     bad.write_text("tokenizer: [unclosed\n")
     with pytest.raises(ParamsError, match="not valid YAML"):
         load_params(bad)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"generate": {"max_attempts": 0}}, "generate.max_attempts: 0 is out of range; allowed: >= 1"),
+    ({"generate": {"limit": -1}}, "generate.limit: -1 is out of range; allowed: >= 1"),
+    ({"generate": {"concurrency": 0}}, "generate.concurrency: 0 is out of range; allowed: >= 1"),
+    ({"generate": {"budget_usd": -1}}, "generate.budget_usd: -1 is out of range; allowed: >= 0"),
+    ({"generate": {"max_tokens": 0}}, "generate.max_tokens: 0 is out of range; allowed: >= 1"),
+    ({"generate": {"timeout_s": 0}}, "generate.timeout_s: 0 is out of range; allowed: > 0"),
+    ({"generate": {"temperature": 2.5}}, "generate.temperature: 2.5 is out of range; allowed: >= 0 and <= 2"),
+    ({"generate": {"top_p": 0}}, "generate.top_p: 0 is out of range; allowed: > 0 and <= 1"),
+    ({"generate": {"top_logprobs": 21}}, "generate.top_logprobs: 21 is out of range; allowed: >= 0 and <= 20"),
+    ({"generate": {"seed": -3}}, "generate.seed: -3 is out of range; allowed: >= 0"),
+    ({"generate": {"retry_base_s": -0.5}}, "generate.retry_base_s: -0.5 is out of range; allowed: >= 0"),
+    ({"generate": {"price": {"completion_usd_per_mtok": -2}}},
+     "generate.price.completion_usd_per_mtok: -2 is out of range; allowed: >= 0"),
+    ({"prompts": {"heldout_fraction": 1.5}}, "prompts.heldout_fraction: 1.5 is out of range; allowed: >= 0 and <= 1"),
+    ({"prompts": {"max_prompts": 0}}, "prompts.max_prompts: 0 is out of range; allowed: >= 1"),
+    ({"serve": {"max_batch": 0}}, "serve.max_batch: 0 is out of range; allowed: >= 1"),
+    ({"serve": {"batch_wait_ms": -1}}, "serve.batch_wait_ms: -1 is out of range; allowed: >= 0"),
+    ({"tokenizer": {"expected_ids": {"<|im_end|>": -1}}}, "tokenizer.expected_ids.<|im_end|>: -1 is out of range"),
+    ({"gates": {"tokens": {"max_mismatch_rate": 1.2}}}, "gates.tokens.max_mismatch_rate: 1.2 is out of range"),
+    ({"gates": {"responses": {"max_cost_usd": -5}}}, "gates.responses.max_cost_usd: -5 is out of range"),
+])
+def test_a_number_outside_its_range_fails_with_the_allowed_range(data, message):
+    with pytest.raises(ParamsError) as e:
+        parse_params(data)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_infinity_are_refused_in_every_float(value):
+    with pytest.raises(ParamsError, match=r"generate.timeout_s: .* is not a finite number"):
+        parse_params({"generate": {"timeout_s": value}})
+
+
+def test_nan_from_yaml_is_refused_with_the_file_name(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("generate:\n  budget_usd: .nan\n")
+    with pytest.raises(ParamsError, match=rf"{path}: generate.budget_usd: nan is not a finite number"):
+        load_params(path)
+
+
+def test_every_problem_in_the_file_is_reported_at_once():
+    with pytest.raises(ParamsError) as e:
+        parse_params({"generate": {"max_attempts": 0, "limit": -1, "colour": "red"},
+                      "prompts": {"heldout_fraction": -0.1}})
+    lines = str(e.value).splitlines()
+    assert len(lines) == 4
+    assert any("generate.colour: unknown key" in x for x in lines)
+    assert any("generate.max_attempts: 0 is out of range" in x for x in lines)
+    assert any("generate.limit: -1 is out of range" in x for x in lines)
+    assert any("prompts.heldout_fraction: -0.1 is out of range" in x for x in lines)
+
+
+def test_knobs_that_contradict_each_other_are_refused():
+    with pytest.raises(ParamsError, match="generate.retry_max_s: 0.1 is below retry_base_s 0.5"):
+        parse_params({"generate": {"retry_max_s": 0.1}})
+    with pytest.raises(ParamsError, match="gates.prompts.min_heldout_fraction: 0.3 is above"):
+        parse_params({"gates": {"prompts": {"min_heldout_fraction": 0.3}}})
+
+
+def test_boundary_values_are_accepted():
+    params = parse_params({"generate": {"max_attempts": 1, "concurrency": 1, "limit": 1, "budget_usd": 0,
+                                        "temperature": 0, "top_p": 1, "seed": None},
+                           "prompts": {"heldout_fraction": 0, "max_prompts": None}})
+    assert (params.generate.max_attempts, params.generate.limit, params.prompts.heldout_fraction) == (1, 1, 0.0)
