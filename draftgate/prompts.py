@@ -166,6 +166,7 @@ def normalise(obj: Any) -> tuple[list[dict], list[dict] | None, bool]:
         raise Rejected("no_messages", "no 'messages' (OpenAI) or 'conversations' (ShareGPT) key; add one")
     key = "messages" if has_m else "conversations"
     turns = _maybe_json(obj[key], key, "bad_message")
+    _check_json_values(turns, key, lambda path: "bad_message")
     if not isinstance(turns, list):
         raise Rejected("bad_message", f"'{key}' is a {_type(turns)}; it must be a list of turns")
     if not turns:
@@ -332,6 +333,7 @@ def _tools(value: Any) -> list[dict] | None:
     if value is None or isinstance(value, str) and not value.strip():
         return None  # LLaMA-Factory ShareGPT files write "tools": "" for no tools
     tools = _maybe_json(value, "tools", "bad_tools")
+    _check_json_values(tools, "tools", lambda path: "bad_tool_schema" if ".parameters" in path else "bad_tools")
     if not isinstance(tools, list):
         raise Rejected("bad_tools", f"'tools' is a {_type(tools)}; it must be a list of tool definitions")
     if not tools:
@@ -547,6 +549,32 @@ def _maybe_json(value: Any, where: str, reason: str) -> Any:
         return json.loads(value, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as e:
         raise Rejected(reason, f"'{where}' is a string that is not valid JSON ({e}); store it as JSON") from None
+
+
+def _check_json_values(value: Any, where: str, reason: Callable[[str], str]) -> None:
+    """Reject a value JSON cannot carry (NaN, Infinity, bytes, a timestamp, a non-string key).
+
+    A JSONL line cannot hold one (decode_line refuses NaN), but a Parquet row can: a float column
+    inside a tool schema reads back as float('nan'). It is the record's fault, not the stage's."""
+    todo = [(value, where)]
+    while todo:
+        v, path = todo.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                _not_json(reason(path), path, repr(v), "give a finite number or drop the key")
+        elif isinstance(v, dict):
+            for k in v:
+                if not isinstance(k, str):
+                    _not_json(reason(path), path, f"an object with the non-string key {k!r}", "use string keys")
+            todo.extend((x, f"{path}.{k}") for k, x in reversed(v.items()))
+        elif isinstance(v, (list, tuple)):
+            todo.extend((x, f"{path}[{i}]") for i, x in reversed(list(enumerate(v))))
+        elif not (v is None or isinstance(v, (str, int))):   # bool is an int
+            _not_json(reason(path), path, f"a {type(v).__name__}", "store it as a string")
+
+
+def _not_json(reason: str, path: str, what: str, fix: str) -> None:
+    raise Rejected(reason, f"{path} is {what}, which JSON cannot hold; {fix} in the source file")
 
 
 def _reject_constant(name: str) -> Any:

@@ -150,3 +150,22 @@ def test_prompts_datasets_selects_raw_files_by_stem_and_names_unknown_ones(workd
     assert run(workdir) == 2
     err = capsys.readouterr().err
     assert "['tools']" in err and "available: ['chat', 'code']" in err
+
+
+def test_a_nan_inside_a_parquet_tool_schema_is_a_reject_with_file_and_row_not_a_crash(workdir):
+    # A float column in a tool schema reads back as float('nan'): JSON cannot hold it.
+    tool = lambda bound: [{"type": "function", "function": {"name": "clip", "parameters": {
+        "type": "object", "properties": {"x": {"type": "number", "maximum": bound}}}}}]
+    rows = [{"messages": [USER], "tools": tool(1.0)}, {"messages": [USER], "tools": tool(float("nan"))},
+            {"messages": [{"role": "user", "content": "Inf?"}], "tools": tool(float("inf"))}]
+    pq.write_table(pa.Table.from_pylist(rows), workdir / "raw" / "tools.parquet")
+    (workdir / "params.yaml").write_text("prompts:\n  heldout_fraction: 0.25\ntemplate:\n  name: qwen3\n")
+    assert run(workdir) == 0
+    [kept] = pq.read_table(workdir / "out" / "prompts.parquet").to_pylist()
+    assert json.loads(kept["tools"])[0]["function"]["parameters"]["properties"]["x"]["maximum"] == 1.0
+    rejects = pq.read_table(workdir / "out" / "rejects.parquet").to_pylist()
+    assert [(r["source"], r["reason"]) for r in rejects] == [
+        ("tools.parquet:row 1", "bad_tool_schema"), ("tools.parquet:row 2", "bad_tool_schema")]
+    assert rejects[0]["detail"].startswith("tools[0].function.parameters.properties.x.maximum is nan")
+    metrics = json.loads((workdir / "metrics" / "prompts.json").read_text())
+    assert metrics["drops_by_reason"] == {"bad_tool_schema": 2}
