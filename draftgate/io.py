@@ -1,6 +1,10 @@
 """Atomic outputs: write to a temp name beside the target, fsync, rename.
 
 A crash leaves either the old file or nothing, never a partial file that looks complete.
+
+Modes follow the umask, as `open()` would: files 0666 & ~umask, directories 0777 & ~umask
+(0644 / 0755 under the usual 022). `tempfile.mkstemp`/`mkdtemp` would make every artifact 0600 /
+0700 whatever the umask, and a teammate or a shared DVC cache could not read it.
 """
 
 from __future__ import annotations
@@ -8,9 +12,34 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Iterator
+
+
+def new_temp_file(directory: Path, name: str) -> Path:
+    """An empty file `.<name>.<random>.tmp` in `directory`, created exclusively, mode per umask."""
+    for _ in range(64):
+        path = directory / f".{name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{directory}: no free temp name for {name}; clear stale .{name}.*.tmp files")
+
+
+def new_temp_dir(directory: Path, name: str) -> Path:
+    """An empty directory `.<name>.<random>.tmp` in `directory`, mode per umask (mkdtemp: 0700)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for _ in range(64):
+        path = directory / f".{name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.mkdir(path, 0o777)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{directory}: no free temp name for {name}; clear stale .{name}.*.tmp folders")
 
 
 @contextlib.contextmanager
@@ -18,9 +47,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     """Yield a temp path in the target's directory; rename it over the target on success."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = new_temp_file(target.parent, target.name)
     try:
         yield tmp_path
         with open(tmp_path, "rb") as f:

@@ -101,7 +101,7 @@ class Journal:
 
     async def __aenter__(self) -> "Journal":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)   # mode per umask
         size = os.fstat(self._fd).st_size
         if size:
             with open(self.path, "rb") as f:
