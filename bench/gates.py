@@ -85,7 +85,7 @@ import great_expectations as gx
 import pyarrow.parquet as pq
 from great_expectations.data_context.types.base import ProgressBarsConfig
 sys.path.insert(0, sys.argv[3])
-import draftgate.gx_custom
+import draftgate.gates.custom
 suite_doc = json.load(open(sys.argv[2]))
 for e in suite_doc["expectations"]:
     for k, v in list(e["kwargs"].items()):
@@ -220,12 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         # flatter the ratio.
         import duckdb
 
-        from draftgate import gates
+        from draftgate.gates import suite as gate_suite, validate as gates
+        from draftgate.gates.table import Input
         from draftgate.io import write_json
 
         con = duckdb.connect()
-        suite = gates.load_suite(suite_path)
-        inputs = [gates.Input("tokens", str(data))]
+        suite = gate_suite.load_suite(suite_path)
+        inputs = [Input("tokens", str(data))]
         gates.run_gate(suite, inputs, params_path=str(params))  # imports GX, first calls
         duck, duck_cpu, duck_ok, warm = [], [], None, []
         for block in range(2):

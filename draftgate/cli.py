@@ -10,7 +10,7 @@ import sys
 
 # command -> (module with main(argv), one-line help)
 COMMANDS = {
-    "validate": ("draftgate.gates", "run a Great Expectations suite on an artifact; exit 1 when it fails"),
+    "validate": ("draftgate.gates.validate", "run a Great Expectations suite on an artifact; exit 1 when it fails"),
     "contract": ("draftgate.contract", "check the tokenizer contract for a template"),
     "estimate": ("draftgate.client.estimate", "project tokens, cost and wall time before any request"),
     "serve": ("draftgate.serve.local", "serve the local model behind an OpenAI-compatible API"),

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.client.journal import read_journal
     from draftgate.client.target import TargetError, target_for
     from draftgate.config import ParamsError, as_dict, load_params
-    from draftgate.gate_result import GateNotPassed, require_passed
+    from draftgate.gates.result import GateNotPassed, require_passed
     from draftgate.io import write_parquet
     from draftgate.metrics import StageMetrics
 

@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from draftgate import gates, schema
+from draftgate import schema
+from draftgate.gates import validate as gates
 from draftgate.client.response import junk_reason
 from draftgate.serve.scripted import Script, running
 from stages import generate

@@ -191,7 +191,7 @@ def test_the_draftgate_console_script_dispatches_contract(tmp_path):
 
 
 def test_the_contract_suite_passes_a_good_contract_and_fails_a_bad_one_in_the_gate(tmp_path, kimi_standin_tok):
-    from draftgate.gates import main as validate
+    from draftgate.gates.validate import main as validate
 
     import pyarrow.parquet as pq
 
@@ -226,7 +226,7 @@ def test_the_contract_gate_recomputes_from_the_vocabulary_not_from_the_stages_ve
     import pyarrow.parquet as pq
 
     from draftgate.contract import vocab_table
-    from draftgate.gates import main as validate
+    from draftgate.gates.validate import main as validate
 
     vocab = tmp_path / "vocab.parquet"
     pq.write_table(vocab_table(kimi_standin_tok), vocab)

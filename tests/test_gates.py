@@ -13,8 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from draftgate import gates
-from draftgate.gx_custom import roles_problem
+from draftgate.gates import validate as gates
+from draftgate.gates.custom import roles_problem
+from draftgate.gates.result import exception_messages, expectation_entry
+from draftgate.gates.suite import ExpectationSpec
+from draftgate.gates.table import Input
+from draftgate.gates.validate import RESULT_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -404,7 +408,7 @@ def test_gx_tuning_skips_only_work_that_cannot_change_a_result():
 
     import numpy as np
 
-    from draftgate import gx_run
+    from draftgate.gates import gx as gx_run
 
     gx_run.tune()
     import great_expectations.execution_engine.pandas_execution_engine as engine
@@ -472,20 +476,21 @@ def by_config(validation) -> dict:
 def test_the_gates_validation_path_gives_gx_plain_paths_verdicts_and_observed_values(tmp_path):
     import great_expectations as gx
 
-    from draftgate import gate_table, gx_run
+    from draftgate.gates import gx as gx_run
+    from draftgate.gates import table as gate_table
 
     gx_run.tune()
-    specs = [gates.ExpectationSpec(t, kw) for t, kw in EQUIVALENCE_SUITE]
-    frame = gate_table.load_table([gates.Input("t", str(equivalence_table(tmp_path)))]).frame
+    specs = [ExpectationSpec(t, kw) for t, kw in EQUIVALENCE_SUITE]
+    frame = gate_table.load_table([Input("t", str(equivalence_table(tmp_path)))]).frame
     # GX's documented path: a registered suite, datasource and ValidationDefinition, run as is.
     context = gx.get_context(mode="ephemeral")
     suite = context.suites.add(gx.ExpectationSuite(name="plain", expectations=[gx_run.build_expectation(s) for s in specs]))
     batch = context.data_sources.add_pandas("p").add_dataframe_asset("t").add_batch_definition_whole_dataframe("w")
     definition = context.validation_definitions.add(gx.ValidationDefinition(name="plain", data=batch, suite=suite))
-    plain = definition.run(batch_parameters={"dataframe": frame}, result_format=gates.RESULT_FORMAT)
+    plain = definition.run(batch_parameters={"dataframe": frame}, result_format=RESULT_FORMAT)
 
     fast = gx_run.validate(gx_run.make_context(None), "fast", [gx_run.build_expectation(s) for s in specs], frame,
-                           asset="t", docs=False, result_format=gates.RESULT_FORMAT).validation
+                           asset="t", docs=False, result_format=RESULT_FORMAT).validation
 
     assert type(fast) is type(plain) and fast.success is plain.success is False
     assert fast.statistics == plain.statistics and plain.statistics["unsuccessful_expectations"] == 14
@@ -494,9 +499,9 @@ def test_the_gates_validation_path_gives_gx_plain_paths_verdicts_and_observed_va
     for key, p in plain_results.items():
         f = fast_results[key]
         assert (f.success, f.result) == (p.success, p.result), key
-        assert gates.exception_messages(f.exception_info) == gates.exception_messages(p.exception_info), key
-        spec = gates.ExpectationSpec(key[0], json.loads(key[1]))
-        assert gates.expectation_entry(spec, f) == gates.expectation_entry(spec, p), key
+        assert exception_messages(f.exception_info) == exception_messages(p.exception_info), key
+        spec = ExpectationSpec(key[0], json.loads(key[1]))
+        assert expectation_entry(spec, f) == expectation_entry(spec, p), key
     unique = plain_results[("expect_column_values_to_be_unique", '{"column": "prompt_id"}')]
     assert unique.result["unexpected_count"] == 18 and unique.result["partial_unexpected_list"][:2] == ["p0", "p1"]
 
@@ -513,7 +518,7 @@ def test_the_gates_validation_path_gives_gx_plain_paths_verdicts_and_observed_va
 def test_fast_metric_ids_are_gx_metric_ids(kwargs):
     from great_expectations.core.id_dict import IDDict
 
-    from draftgate import gx_run
+    from draftgate.gates import gx as gx_run
 
     plain = IDDict(kwargs).to_id()
     with gx_run.fast_internals():
@@ -526,11 +531,11 @@ def test_memoised_configurations_and_expectations_equal_gx_ones_and_the_patches_
     from great_expectations.expectations.expectation import Expectation
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
-    from draftgate import gx_run
+    from draftgate.gates import gx as gx_run
 
     before = (Expectation.__dict__["configuration"], ExpectationConfiguration.__dict__["to_domain_obj"],
               IDDict.__dict__["to_id"])
-    e = gx_run.build_expectation(gates.ExpectationSpec("expect_column_values_to_be_in_set",
+    e = gx_run.build_expectation(ExpectationSpec("expect_column_values_to_be_in_set",
                                                        {"column": "m", "value_set": ["a", "b"]}, {"why": "x"}))
     plain_config = e.configuration
     plain_expectation = plain_config.to_domain_obj()
@@ -545,7 +550,7 @@ def test_memoised_configurations_and_expectations_equal_gx_ones_and_the_patches_
 
 
 def test_a_crash_inside_gx_is_no_verdict_exit_2_with_the_error_in_the_result(tmp_path, tokens, monkeypatch, capsys):
-    from draftgate import gx_run
+    from draftgate.gates import gx as gx_run
 
     data, suite = tokens
 

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from draftgate import gates, schema
+from draftgate import schema
+from draftgate.gates import validate as gates
 from draftgate.config import TokenizerParams
 from draftgate.contract import check_template, template_roles
 from draftgate.official import gguf_chat_template, official_template

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftgate import gates
+from draftgate.gates import validate as gates
 from draftgate.config import BillingParams
 from draftgate.contract import template_roles, vocab_table
 from draftgate.reconstruct.core import Setup

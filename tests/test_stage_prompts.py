@@ -98,7 +98,7 @@ def test_the_bundled_prompt_sets_ingest_with_zero_rejects(workdir):
 
 
 def test_the_prompts_suite_passes_the_bundled_sets_and_fails_a_reject_over_the_threshold(workdir, tmp_path):
-    from draftgate import gates
+    from draftgate.gates import validate as gates
 
     (workdir / "params.yaml").write_text("prompts:\n  heldout_fraction: 0.1\ntemplate:\n  name: qwen3\n")
     raw = tmp_path / "bundle"

@@ -47,7 +47,7 @@ def special_ids(path: Path, template: Any, tok: Any) -> dict[str, int]:
 
 
 def gate_passed(path: Path) -> None:
-    from draftgate.gate_result import GateNotPassed, require_passed
+    from draftgate.gates.result import GateNotPassed, require_passed
 
     try:
         require_passed(path, "gate_responses", "fix the responses before reconstructing them")

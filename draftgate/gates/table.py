@@ -12,17 +12,12 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class GateError(ValueError):
-    """No verdict possible (exit 2): the message names the file, the field and the fix."""
+from draftgate.gates.suite import NAME_RE, GateError
 
 
 @dataclass(frozen=True)

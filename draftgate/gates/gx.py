@@ -45,7 +45,7 @@ from great_expectations.expectations.registry import _registered_expectations
 from great_expectations.validator.validation_statistics import calc_validation_statistics
 from great_expectations.validator.validator import Validator
 
-import draftgate.gx_custom  # noqa: F401  (registers the custom expectations)
+import draftgate.gates.custom  # noqa: F401  (registers the custom expectations)
 
 SITE = "draftgate"
 
@@ -88,7 +88,7 @@ def tune() -> None:
                          (_gx_expectation, "camel_to_snake")):
         if not hasattr(module, name):
             raise RuntimeError(f"GX internals changed ({module.__name__}.{name} is gone); "
-                               "update draftgate.gx_run.tune for this GX version")
+                               "update draftgate.gates.gx.tune for this GX version")
     _gx_pandas_engine.HASH_THRESHOLD = 0
     scan = _gx_util.does_ndarray_contain_decimal_dtype
     if not getattr(scan, "_draftgate", False):
@@ -131,7 +131,7 @@ def _patchable() -> tuple[property, Any, Any]:
     if (not isinstance(configuration, property) or to_domain_obj is None or to_id is None
             or not hasattr(IDDict, "_id_ignore_keys")):
         raise RuntimeError("GX internals changed (Expectation.configuration, ExpectationConfiguration."
-                           "to_domain_obj or IDDict.to_id); update draftgate.gx_run.fast_internals for this GX version")
+                           "to_domain_obj or IDDict.to_id); update draftgate.gates.gx.fast_internals for this GX version")
     return configuration, to_domain_obj, to_id
 
 
@@ -217,7 +217,7 @@ def make_context(docs: Path | None):
     # reads that copy back. ~8 ms of CPU per gate (warm; more on a fresh process's first dumps).
     if context.mode != "ephemeral" or not hasattr(context, "_save_project_config"):
         raise RuntimeError("GX context changed (ephemeral mode, _save_project_config); "
-                           "update draftgate.gx_run.make_context for this GX version")
+                           "update draftgate.gates.gx.make_context for this GX version")
     context._save_project_config = lambda: None
     return context
 

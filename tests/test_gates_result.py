@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from draftgate.gate_result import GateNotPassed, require_passed
+from draftgate.gates.result import GateNotPassed, require_passed
 
 
 def test_a_passed_gate_lets_the_next_stage_run(tmp_path):

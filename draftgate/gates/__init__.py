@@ -1,0 +1,12 @@
+"""Gates: a plain-JSON suite run by Great Expectations on one artifact, before the next stage.
+
+    suite.py     the suite file -> Suite; $PARAMETER from params.yaml; the columns it reads
+    table.py     named inputs -> only those columns -> the pandas frame GX validates
+    custom.py    the custom expectations (registered with GX when imported)
+    gx.py        GX itself, through its public API: context, validation, Data Docs
+    result.py    the result and metric files; require_passed() for the stage after a gate
+    validate.py  run_gate() and `draftgate validate`
+
+Nothing is imported here: a stage that only reads a gate's verdict imports draftgate.gates.result
+and depends on that file alone.
+"""

@@ -1,0 +1,190 @@
+"""`draftgate validate`: a plain-JSON suite -> GX validation -> result JSON + Data Docs.
+
+    draftgate validate SUITE ARTIFACT [--input NAME=PATH ...] [--result FILE]
+                       [--params params.yaml] [--docs reports/data_docs | --no-docs]
+
+Exit 0 when every expectation passes; 1 when any fails (each failure printed on one line with
+its observed value); 2 when there is no verdict: a missing or unreadable input, a bad suite, an
+unknown $PARAMETER. The result file is written in all three cases and holds no timestamps or
+timings, so an unchanged artifact gives a byte-identical file (it is a DVC metric and a dep of
+the next stage).
+
+The suite format is in suite.py. Only the columns the suite reads are loaded (table.py): a tokens
+table's id lists are never materialised unless a check reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftgate.gates.result import expectation_entry, failure_line, short
+from draftgate.gates.suite import (
+    GateError,
+    Suite,
+    columns_read,
+    gate_section,
+    load_suite,
+    parameter_names,
+    resolve_parameters,
+)
+from draftgate.gates.table import Input, fingerprints, load_table, parse_input
+from draftgate.io import write_json
+
+RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": 5}
+
+
+# ------------------------------------------------------------ the gate
+
+@dataclass
+class GateRun:
+    result: dict
+    timings: dict[str, float]
+    page: str | None = None
+
+    @property
+    def success(self) -> bool:
+        return bool(self.result["success"])
+
+
+def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml",
+             docs: Path | None = None) -> GateRun:
+    timings: dict[str, float] = {}
+    clock = [(time.perf_counter(), time.process_time())]
+
+    def lap(cpu_key: str | None = None) -> float:
+        clock.append((time.perf_counter(), time.process_time()))
+        (wall0, cpu0), (wall1, cpu1) = clock[-2:]
+        if cpu_key:  # CPU of all the process's threads: steadier than wall time on a busy machine
+            timings[cpu_key] = cpu1 - cpu0
+        return wall1 - wall0
+
+    import pandas, pyarrow.dataset  # noqa: E401,F401  (timed apart from the load itself)
+
+    timings["imports_s"] = lap()
+    section, where = (None, "")
+    if any(parameter_names(s.kwargs) for s in suite.expectations):
+        section, where = gate_section(params_path, suite.params_section)
+    suite, used = resolve_parameters(suite, section, where)
+    timings["params_s"] = lap()
+    wanted, all_names = columns_read(suite)
+    loaded = load_table(inputs, table_key=suite.table, view=suite.view, wanted=wanted, all_names=all_names,
+                        where=suite.path)
+    timings["load_s"] = lap("load_cpu_s")
+    hashing = fingerprints(loaded)
+    from draftgate.gates import gx as gx_run  # Great Expectations itself: ~2-3 s
+
+    gx_run.tune()
+    timings["gx_import_s"] = lap()
+    # In a gate process the sha256 thread finished during the GX import; when GX was already
+    # imported (another gate in this process) it is awaited here rather than left to contend with
+    # the validation for the GIL.
+    facts = [{**f, **h} for f, h in zip(loaded.inputs, hashing.result())]
+    timings["fingerprint_wait_s"] = lap()
+    try:
+        expectations = [gx_run.build_expectation(s) for s in suite.expectations]
+    except gx_run.SuiteError as e:
+        raise GateError(f"{suite.path}: {e}") from None
+    run = gx_run.validate(gx_run.make_context(docs), suite.name, expectations, loaded.frame, asset=inputs[0].name,
+                          docs=docs is not None, result_format=RESULT_FORMAT, meta=suite.meta)
+    gx_total = lap("gx_cpu_s")
+    timings.update(gx_setup_s=run.timings["gx_setup_s"], gx_run_s=run.timings["gx_run_s"],
+                   gx_s=gx_total - run.timings["gx_docs_s"],  # context, suite, validation: the verdict
+                   docs_s=run.timings["gx_docs_s"])          # storing the result, rebuilding the site
+    timings["gx_cpu_s"] -= run.timings["gx_docs_cpu_s"]
+    # GX may reorder results; its ids map each back to the suite entry it came from.
+    position = {ident: i for i, ident in enumerate(run.ids)}
+    ranked = sorted(run.validation.results, key=lambda o: position[str(o.expectation_config.id)])
+    entries = [expectation_entry(suite.expectations[position[str(o.expectation_config.id)]], o) for o in ranked]
+    stats = run.validation.statistics
+    result = {
+        "suite": suite.name,
+        "suite_file": suite.path,
+        "suite_sha256": suite.sha256,
+        "success": bool(run.validation.success),
+        "statistics": {"evaluated": stats["evaluated_expectations"], "successful": stats["successful_expectations"],
+                       "unsuccessful": stats["unsuccessful_expectations"],
+                       "success_percent": short(stats["success_percent"])},
+        "artifact": facts[0],
+        "inputs": facts[1:],
+        "table": suite.table,
+        "view": suite.view,
+        "rows": loaded.rows,
+        "columns_loaded": loaded.loaded,
+        "params": {"section": f"gates.{suite.params_section}", "values": used} if used else {},
+        "expectations": entries,
+        "docs": str(docs / "index.html") if docs else None,
+    }
+    timings["result_s"] = lap()
+    return GateRun(result=result, timings=timings, page=run.page)
+
+
+# ------------------------------------------------------------ CLI
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="draftgate validate",
+                                 description="Run a plain-JSON GX suite on an artifact; exit 1 when it fails.")
+    ap.add_argument("suite", help="suite file, e.g. expectations/tokens.json")
+    ap.add_argument("artifact", help="PATH or NAME=PATH (.parquet, .jsonl, .json; a glob or directory of shards); "
+                                     "its input name defaults to the suite name")
+    ap.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
+                    help="another named input for the suite's view (repeatable)")
+    ap.add_argument("--result", help="write the result JSON here (a DVC metric)")
+    ap.add_argument("--params", default="params.yaml", help="params file for $PARAMETER (default: params.yaml)")
+    ap.add_argument("--docs", default="reports/data_docs", help="Data Docs site shared by all gates")
+    ap.add_argument("--no-docs", action="store_true", help="skip the Data Docs update")
+    ap.add_argument("--timings", help="write the run's phase timings (seconds) here; kept out of --result, "
+                                      "which must not change between runs on the same data")
+    return ap.parse_args(argv)
+
+
+def no_verdict(args: argparse.Namespace, message: str) -> int:
+    print(f"draftgate validate: {message}", file=sys.stderr)
+    if args.result:
+        write_json(args.result, {"suite_file": args.suite, "success": False, "error": message})
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        suite = load_suite(args.suite)
+        inputs = [parse_input(args.artifact, suite.name)]
+        for text in args.input:
+            inp = parse_input(text, "")
+            if not inp.name:
+                raise GateError(f"--input {text!r}: expected NAME=PATH, e.g. --input rejects=data/prompts/rejects.parquet")
+            inputs.append(inp)
+        names = [i.name for i in inputs]
+        if len(set(names)) != len(names):
+            raise GateError(f"input names must differ, got {', '.join(names)}")
+        run = run_gate(suite, inputs, params_path=args.params, docs=None if args.no_docs else Path(args.docs))
+    except GateError as e:
+        return no_verdict(args, str(e))
+    except Exception as e:  # a crash inside GX or DuckDB: still no verdict, never a silent pass
+        import traceback
+
+        traceback.print_exc()
+        return no_verdict(args, f"internal error, please report: {type(e).__name__}: {e}")
+    if args.result:
+        write_json(args.result, run.result)
+    if args.timings:
+        write_json(args.timings, run.timings)
+    r, t = run.result, run.timings
+    stats = r["statistics"]
+    verdict = (f"PASS {stats['successful']}/{stats['evaluated']} expectations" if run.success else
+               f"FAIL {stats['unsuccessful']} of {stats['evaluated']} expectations failed")
+    print(f"gate {r['suite']}: {verdict} on "
+          f"{r['rows']:,} rows of {r['artifact']['path']} (load {t['load_s']:.2f} s, "
+          f"GX import {t['gx_import_s']:.1f} s, GX {t['gx_s']:.2f} s, Data Docs {t['docs_s']:.2f} s)")
+    for i, e in enumerate(r["expectations"]):
+        if not e["success"]:
+            print(failure_line(i, e))
+    if args.result:
+        print(f"  result: {args.result}")
+    if run.page:
+        print(f"  data docs: {run.page}")
+    return 0 if run.success else 1
