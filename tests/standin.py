@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
+from draftgate import cache
 from draftgate import tokenizers as tk
 
 # Kimi-K2 / K2.5 special tokens at their real ids (FACTS.md; the tokenizer_config of the real
@@ -38,17 +41,19 @@ def kimi_standin(base: tk.Tokenizer) -> tk.Tokenizer:
     by_id = {i: n for n, i in KIMI_SPECIALS.items()}
     added = [(i, by_id.get(i, f"<|reserved_token_{i - KIMI_FIRST_SPECIAL_ID}|>"), True)
              for i in range(KIMI_FIRST_SPECIAL_ID, KIMI_FIRST_SPECIAL_ID + KIMI_N_SPECIAL)]
-    key = tk._hash(tk.RECIPE_VERSION, ranks_path.read_bytes(), pattern, json.dumps(added), tk._versions())
+    key = cache.key(cache.file_sha256(ranks_path), pattern, json.dumps(added), tk.versions(),
+                    cache.recipe("standin", "kimi_standin") + cache.recipe(tk.__name__, "build_from_ranks"))
 
-    def build() -> str:
+    def build(folder: Path) -> None:
         ranks = tk._load_ranks(ranks_path)
         fillers = {f"<kimi-standin-{i}>": i for i in range(len(ranks), KIMI_FIRST_SPECIAL_ID)}
-        return tk.build_from_ranks(ranks, pattern, nfc=True, added=added, fillers=fillers).to_str()
+        tk.build_from_ranks(ranks, pattern, nfc=True, added=added, fillers=fillers).save(
+            str(folder / "tokenizer.json"))
 
-    path = tk._cached_file(tk.cache_dir() / f"kimi_standin-{key[:16]}", "tokenizer.json", build)
+    entry = cache.entry("kimi_standin", key, build)
     from transformers import PreTrainedTokenizerFast
 
-    tok = tk.Tokenizer(PreTrainedTokenizerFast(tokenizer_file=str(path)), "kimi_standin",
+    tok = tk.Tokenizer(PreTrainedTokenizerFast(tokenizer_file=str(entry.path / "tokenizer.json")), "kimi_standin",
                     tiktoken_core=lambda: base._tiktoken_encoding)
     tk._check_ids(tok, [(i, n) for n, i in KIMI_SPECIALS.items()])
     return tok

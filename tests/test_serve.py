@@ -32,12 +32,12 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def lm(cache):
-    return load("cpu", cache=cache)     # cold: GGUF -> safetensors in the temp cache
+    return load("cpu", cache_root=cache)     # cold: GGUF -> safetensors in the temp cache
 
 
 @pytest.fixture(scope="session")
 def cached(lm, cache):
-    return load("cpu", cache=cache)     # what every later process serves
+    return load("cpu", cache_root=cache)     # what every later process serves
 
 
 @pytest.fixture(scope="session")
@@ -70,9 +70,10 @@ def test_cold_load_caches_safetensors_keyed_by_gguf_sha256_and_reloads_identical
     assert lm.source == "gguf"
     sha = hashlib.sha256(gguf_path().read_bytes()).hexdigest()
     assert lm.gguf_sha256 == sha
-    [folder] = (cache / "models").iterdir()
-    assert sha[:16] in folder.name and (folder / "model.safetensors").is_file()
-    assert json.loads((folder / "source.json").read_text())["gguf_sha256"] == sha
+    [folder] = cache.glob("smollm2-135m-instruct-*")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["inputs"]["gguf_sha256"] == sha and "model.safetensors" in manifest["files"]
+    assert cached.weights_fingerprint == lm.weights_fingerprint
     assert cached.source == "cache"
     prompt = lm.tokenizer.apply_chat_template(POEM, add_generation_prompt=True)["input_ids"]
     assert cached.tokenizer.apply_chat_template(POEM, add_generation_prompt=True)["input_ids"] == prompt
@@ -115,6 +116,15 @@ def test_a_seeded_row_is_unchanged_by_padding_and_by_rows_that_finish_first(lm):
 def test_models_lists_the_served_model(server):
     listed = httpx.get(f"{server}/v1/models").json()
     assert [m["id"] for m in listed["data"]] == [SERVED_NAME]
+
+
+def test_the_server_reports_the_identity_of_what_it_serves(server, cached, smollm2_tok):
+    identity = local.served_identity(f"{server}/v1")
+    assert identity == cached.identity
+    assert identity["tokenizer"] == smollm2_tok.fingerprint          # the very tokenizer the pipeline loads
+    assert identity["chat_template"] == hashlib.sha256(smollm2_tok.chat_template.encode()).hexdigest()
+    assert len(identity["weights"]) == 64 and identity["device"] == "cpu"
+    assert chat(server, max_tokens=1)["system_fingerprint"] == local.system_fingerprint(cached)
 
 
 def test_completion_ids_decode_to_content_plus_end_token_and_usage_counts_them(server, lm):

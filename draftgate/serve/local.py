@@ -227,7 +227,7 @@ def completion_body(lm: LocalModel, req: ChatRequest, completion_id: str, create
     }
     body: dict[str, Any] = {
         "id": completion_id, "object": "chat.completion", "created": created, "model": lm.name,
-        "provider": "local", "system_fingerprint": f"gguf-{lm.gguf_sha256[:12]}",
+        "provider": "local", "system_fingerprint": system_fingerprint(lm),
         "choices": [choice], "usage": usage(prompt, gen),
     }
     if req.return_token_ids:
@@ -236,6 +236,12 @@ def completion_body(lm: LocalModel, req: ChatRequest, completion_id: str, create
     if warnings:
         body["warnings"] = warnings
     return body
+
+
+def system_fingerprint(lm: LocalModel) -> str:
+    import hashlib
+
+    return "fp-" + hashlib.sha256(json.dumps(lm.identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def usage(prompt: list[int], gen: Generation) -> dict[str, int]:
@@ -372,13 +378,14 @@ async def models(request: web.Request) -> web.Response:
     lm = request.app[LM_KEY]
     return web.json_response({"object": "list", "data": [{
         "id": lm.name, "object": "model", "created": 0, "owned_by": "draftgate",
-        "max_model_len": lm.context_len}]})
+        "max_model_len": lm.context_len, "identity": lm.identity}]})
 
 
 async def health(request: web.Request) -> web.Response:
     lm = request.app[LM_KEY]
     return web.json_response({"status": "ok", "model": lm.name, "device": lm.device,
-                              "gguf_sha256": lm.gguf_sha256, **request.app[BATCHER_KEY].stats()})
+                              "gguf_sha256": lm.gguf_sha256, "identity": lm.identity,
+                              **request.app[BATCHER_KEY].stats()})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -540,6 +547,17 @@ def running(serve_params: ServeParams | None = None, host: str = "127.0.0.1",
             yield _wait_ready(proc, out, err, timeout_s)
         finally:
             _stop(proc)
+
+
+def served_identity(base_url: str) -> dict[str, str]:
+    """The identity (weights, tokenizer, template, device fingerprints) a running server reports."""
+    import httpx
+
+    listed = httpx.get(f"{base_url}/models", timeout=30).json()
+    identity = next((m.get("identity") for m in listed.get("data", []) if m.get("identity")), None)
+    if not isinstance(identity, dict):
+        raise RuntimeError(f"{base_url}/models reports no model identity; is it a draftgate server?")
+    return identity
 
 
 def _wait_ready(proc: subprocess.Popen, out: Path, err: Path, timeout_s: float) -> str:

