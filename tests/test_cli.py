@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 from draftgate.cli import COMMANDS, main
 
@@ -26,3 +27,10 @@ def test_help_does_not_import_heavy_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_validate_names_the_available_suites_when_the_suite_is_unknown(capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert main(["validate", "tokns", "data/tokens/tokens.parquet", "--no-docs"]) == 2
+    err = capsys.readouterr().err
+    assert "available suites: contract, prompts, responses, template, tokens" in err

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SUITES_DIR = "expectations"   # where a suite named on the command line lives, from the working directory
 
 SUITE_KEYS = ("name", "expectations", "table", "view", "params_section", "meta")
 EXPECTATION_KEYS = ("type", "kwargs", "meta", "description")
@@ -95,6 +96,20 @@ def parse_suite(doc: Any, path: str = "suite", sha256: str = "") -> Suite:
     return Suite(name=name, path=path, sha256=sha256, expectations=tuple(specs),
                  params_section=doc.get("params_section") or name, table=doc.get("table"), view=view,
                  meta=doc.get("meta", {}))
+
+
+def find_suite(ref: str, suites_dir: str | Path = SUITES_DIR) -> Path:
+    """The suite file `ref` names: a path to a file, or a name (`tokens`: <suites_dir>/tokens.json)."""
+    path = Path(ref)
+    if path.is_file():
+        return path
+    named = Path(suites_dir) / f"{ref}.json"
+    if NAME_RE.match(ref) and named.is_file():
+        return named
+    names = sorted(p.stem for p in Path(suites_dir).glob("*.json")) if Path(suites_dir).is_dir() else []
+    available = ", ".join(names) if names else f"none ({suites_dir}/ holds no .json suite)"
+    raise GateError(f"suite {ref!r}: neither a file nor a suite name in {suites_dir}/; available suites: "
+                    f"{available} (pass one of these names, or the path of a suite file)")
 
 
 def load_suite(path: str | Path) -> Suite:

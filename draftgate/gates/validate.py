@@ -3,6 +3,8 @@
     draftgate validate SUITE ARTIFACT [--input NAME=PATH ...] [--result FILE]
                        [--params params.yaml] [--docs reports/data_docs | --no-docs]
 
+SUITE is a name (`tokens` runs expectations/tokens.json) or the path of a suite file.
+
 Exit 0 when every expectation passes; 1 when any fails (each failure printed on one line with
 its observed value); 2 when there is no verdict: a missing or unreadable input, a bad suite, an
 unknown $PARAMETER. The result file is written in all three cases and holds no timestamps or
@@ -23,9 +25,11 @@ from pathlib import Path
 
 from draftgate.gates.result import expectation_entry, failure_line, short
 from draftgate.gates.suite import (
+    SUITES_DIR,
     GateError,
     Suite,
     columns_read,
+    find_suite,
     gate_section,
     load_suite,
     parameter_names,
@@ -127,12 +131,13 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="draftgate validate",
                                  description="Run a plain-JSON GX suite on an artifact; exit 1 when it fails.")
-    ap.add_argument("suite", help="suite file, e.g. expectations/tokens.json")
+    ap.add_argument("suite", help="suite name (tokens: expectations/tokens.json, see --suites) or a suite file")
     ap.add_argument("artifact", help="PATH or NAME=PATH (.parquet, .jsonl, .json; a glob or directory of shards); "
                                      "its input name defaults to the suite name")
     ap.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
                     help="another named input for the suite's view (repeatable)")
     ap.add_argument("--result", help="write the result JSON here (a DVC metric)")
+    ap.add_argument("--suites", default=SUITES_DIR, help=f"where named suites live (default: {SUITES_DIR})")
     ap.add_argument("--params", default="params.yaml", help="params file for $PARAMETER (default: params.yaml)")
     ap.add_argument("--docs", default="reports/data_docs", help="Data Docs site shared by all gates")
     ap.add_argument("--no-docs", action="store_true", help="skip the Data Docs update")
@@ -151,7 +156,7 @@ def no_verdict(args: argparse.Namespace, message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        suite = load_suite(args.suite)
+        suite = load_suite(find_suite(args.suite, args.suites))
         inputs = [parse_input(args.artifact, suite.name)]
         for text in args.input:
             inp = parse_input(text, "")
