@@ -50,8 +50,8 @@ def params(url: str, concurrency: int) -> dict:
     p["reconstruct"]["billing"] = {"completion": {"*": "counts_end"}, "prompt": {"*": 0}}
     # Thresholds are not what this measures: every stage must run to the end.
     p["gates"]["responses"].update(max_length_rate=1.0, max_failed_rate=1.0)
-    p["gates"]["tokens"].update(max_billing_delta_rate=1e9, min_row_billing_agreement=0.0,
-                                max_prompt_billing_delta_rate=1e9, min_prompt_billing_agreement=0.0,
+    p["gates"]["tokens"].update(max_billing_delta_rate=1.0, min_row_billing_agreement=0.0,
+                                max_prompt_billing_delta_rate=1.0, min_prompt_billing_agreement=0.0,
                                 max_mismatch_rate=1.0, max_quarantine_rate=1.0)
     return p
 

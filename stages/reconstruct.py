@@ -30,15 +30,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from draftgate.config import ParamsError, as_dict, load_params
-    from draftgate.io import write_json, write_parquet, write_text
+    from draftgate.io import write_json, write_text
     from draftgate.metrics import StageMetrics
     from draftgate.official import official_template
     from draftgate.reconstruct.contract import InputError, gate_passed, special_ids
     from draftgate.reconstruct.core import Setup
-    from draftgate.reconstruct.table import mismatch_report, plot_rows, reconstruct_table
+    from draftgate.reconstruct.table import mismatch_report, plot_rows, reconstruct_files
     from draftgate.templates import TemplateError, get_template
     from draftgate.tokenizers import TokenizerError, load_tokenizer
 
@@ -52,24 +53,26 @@ def main(argv: list[str] | None = None) -> int:
         official = official_template(tok, "hf_dir", params.tokenizer.path) \
             if params.tokenizer.kind == "hf_dir" else None
         started = time.perf_counter()
-        responses = _read(pq, args.responses, "generate")
-        prompts = _read(pq, args.prompts, "prompts")
+        n_responses = _rows(pq, args.responses, "generate")
+        _rows(pq, args.prompts, "prompts")
     except (ParamsError, InputError, TemplateError, TokenizerError) as e:
         print(f"reconstruct: {e}", file=sys.stderr)
         return 1
     setup = Setup(tok, template, ids, thinking=params.template.thinking,
                   method=params.reconstruct.method, official=official,
                   request_rules=tuple(params.reconstruct.request_rules))
-    table, result, billing = reconstruct_table(responses, prompts, setup,
-                                               params.reconstruct.on_billing_mismatch,
-                                               billing_params=params.reconstruct.billing)
+    # Streamed: responses in chunks, tokens.parquet written as it goes (bounded memory).
+    out = args.out / "tokens.parquet"
+    result, billing, _ = reconstruct_files(args.responses, args.prompts, out, setup,
+                                           params.reconstruct.on_billing_mismatch,
+                                           billing_params=params.reconstruct.billing)
     seconds = time.perf_counter() - started
+    table = pq.read_table(out, columns=["dataset", "match", "quarantine_reason", "billing_residual",
+                                        "prompt_billing_residual", "n_completion"])
     report = mismatch_report(table, billing)
-
-    write_parquet(args.out / "tokens.parquet", table)
     kept = table.column("quarantine_reason").null_count
-    n_tokens = sum(x for x in table.column("n_completion").to_pylist() if x)
-    m = StageMetrics("reconstruct", rows_in=responses.num_rows, rows_out=kept)
+    n_tokens = int(pc.sum(table.column("n_completion")).as_py() or 0)
+    m = StageMetrics("reconstruct", rows_in=n_responses, rows_out=kept)
     for reason, n in result.counts["quarantine"].items():
         m.drop(reason, n)
     m.figures.update({
@@ -86,19 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     m.write(args.metrics)
     write_json(args.report, report)
     write_text(args.plot, _csv(plot_rows(report)))
-    print(f"reconstruct: {responses.num_rows} responses -> {kept} kept, "
-          f"{responses.num_rows - kept} quarantined; match {dict(result.counts['match'])}; "
+    print(f"reconstruct: {n_responses} responses -> {kept} kept, "
+          f"{n_responses - kept} quarantined; match {dict(result.counts['match'])}; "
           f"{seconds:.1f} s ({n_tokens / max(seconds, 1e-9):,.0f} completion tokens/s)")
     return 0
 
 
-def _read(pq, path: Path, stage: str):
+def _rows(pq, path: Path, stage: str) -> int:
     from draftgate.reconstruct.contract import InputError
 
     # A named error instead of pyarrow's traceback: which file, and which stage makes it.
     if not path.is_file():
         raise InputError(f"{path}: not found; run the {stage} stage first (dvc repro {stage})")
-    return pq.read_table(path)
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception as e:  # pyarrow raises its own types for a corrupt file
+        raise InputError(f"{path}: unreadable as Parquet ({type(e).__name__}: {e}); rerun the {stage} stage") from None
 
 
 def _csv(rows: list[dict]) -> str:

@@ -141,3 +141,44 @@ def test_the_bytes_index_is_built_for_logprobs_rows_without_truth_and_only_then(
     rows[1]["logprobs"] = logprobs                                  # row 1 has none: the index is needed
     table, _, _ = reconstruct_table(pa.Table.from_pylist(rows, schema=schema.responses()), prompts, setup(qwen3_tok))
     assert built == [1] and table.column("method").to_pylist() == ["truth", "logprobs", "truth"]
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_the_streamed_files_equal_the_in_memory_table_in_and_out_of_prompt_order(tmp_path, qwen3_tok, shuffled):
+    import pyarrow.parquet as pq
+
+    from draftgate.reconstruct.table import PromptsInStep, reconstruct_files
+
+    responses, prompts = tables(qwen3_tok, n=9)
+    if shuffled:
+        responses = responses.take([4, 0, 8, 2, 6, 1, 3, 5, 7])
+    pq.write_table(responses, tmp_path / "responses.parquet")
+    pq.write_table(prompts, tmp_path / "prompts.parquet")
+    whole, result, summary = reconstruct_table(responses, prompts, setup(qwen3_tok))
+    counts, summary2, rows = reconstruct_files(tmp_path / "responses.parquet", tmp_path / "prompts.parquet",
+                                               tmp_path / "out" / "tokens.parquet", setup(qwen3_tok), chunk=2)
+    assert pq.read_table(tmp_path / "out" / "tokens.parquet").equals(whole) and rows == 9
+    assert summary2 == summary and counts.counts == result.counts
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tokens.parquet"]   # no part file left
+    step = PromptsInStep(tmp_path / "prompts.parquet", pq.ParquetFile(tmp_path / "responses.parquet"))
+    assert step.in_step is not shuffled
+
+
+def test_prompts_in_step_hold_only_the_window_of_the_current_chunk(tmp_path):
+    import pyarrow.parquet as pq
+
+    from draftgate.reconstruct.table import PromptsInStep
+
+    n = 20_000
+    prompts = pa.table({"prompt_id": [f"p{k:06d}" for k in range(n)], "dataset": ["d"] * n,
+                        "messages": ["[]"] * n, "tools": [None] * n, "split": ["train"] * n})
+    pq.write_table(prompts, tmp_path / "prompts.parquet")
+    pq.write_table(prompts.select(["prompt_id"]), tmp_path / "responses.parquet")
+    step = PromptsInStep(tmp_path / "prompts.parquet", pq.ParquetFile(tmp_path / "responses.parquet"))
+    held = []
+    for start in range(0, n, 1000):
+        wanted = [f"p{k:06d}" for k in range(start, start + 1000)]
+        rows = step(wanted)
+        assert all(w in rows for w in wanted)
+        held.append(len(rows))
+    assert max(held) <= 1000 + 4096     # the chunk plus at most one read-ahead batch

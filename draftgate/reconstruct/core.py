@@ -292,47 +292,6 @@ class _Prompt:
         self.special_in_text = _special_in_text(self.plan, pieces, special)
 
 
-# Columns settle_billing reads and writes: small enough to keep for every row of a large run.
-LIGHT = ("prompt_id", "dataset", "provider", "n_completion", "billed_completion_tokens",
-         "ends_with_eos", "match", "method", "quarantine_reason", "prompt_len",
-         "billed_prompt_tokens", PROMPT_EXACT)
-SETTLED = ("billing_convention", "billing_residual", "prompt_billing_offset",
-           "prompt_billing_residual", "quarantine_reason")
-
-
-def settle_billing(rows: Sequence[dict], conventions_params: Any, on_mismatch: str, out: Result) -> dict:
-    """Each provider's conventions (declared, or learned from exact rows: billing.py), then every
-    row's completion and prompt residuals under them.
-
-    Mutates rows (SETTLED) and returns the summary. Runs once over the whole table: a convention
-    is a property of the provider.
-    """
-    def brow(r: dict) -> billing.BillingRow:
-        return billing.BillingRow(
-            r["provider"], r["n_completion"], r["billed_completion_tokens"], bool(r["ends_with_eos"]),
-            exact=r["method"] in ("truth", "logprobs"), prompt_len=r["prompt_len"],
-            billed_prompt=r["billed_prompt_tokens"], prompt_exact=bool(r.get(PROMPT_EXACT)))
-
-    measured = [r for r in rows if r["n_completion"] is not None]
-    kept = [brow(r) for r in measured if r["quarantine_reason"] is None]
-    conventions = billing.settle(kept, conventions_params.completion, conventions_params.prompt)
-    for r in measured:
-        conv = conventions.get(billing.provider_key(r["provider"]))
-        if conv is None:
-            continue        # a provider all of whose rows were quarantined
-        b = brow(r)
-        r["billing_convention"] = conv.completion
-        r["billing_residual"] = billing.residual(b, conv.completion)
-        r["prompt_billing_offset"] = conv.prompt_offset
-        r["prompt_billing_residual"] = billing.prompt_residual(b, conv.prompt_offset)
-        off = [x for x in (r["billing_residual"], r["prompt_billing_residual"]) if x not in (0, None)]
-        if on_mismatch == "quarantine" and r["quarantine_reason"] is None and off:
-            out.quarantine(r, "billing_mismatch",
-                           f"completion residual {r['billing_residual']}, prompt residual "
-                           f"{r['prompt_billing_residual']}")
-    return billing.summary(kept, conventions)
-
-
 def _family(tmpl: Any) -> str:
     return tmpl.family
 
