@@ -85,6 +85,34 @@ class PromptRow:
     n_duplicates: int
 
 
+@dataclass
+class Tally:
+    """What the stage metrics report, counted as rows are decided (in memory or streamed)."""
+    rows_in: int = 0
+    blank_lines: int = 0
+    n_duplicates: int = 0
+    n_capped: int = 0
+    rows_out: int = 0
+    rejects_by_reason: Counter = field(default_factory=Counter)
+    rejects_by_dataset: Counter = field(default_factory=Counter)
+    per_dataset_in: Counter = field(default_factory=Counter)
+    out_by_dataset: Counter = field(default_factory=Counter)
+    splits: Counter = field(default_factory=Counter)
+    with_tools: int = 0
+    final_assistant_dropped: int = 0
+
+    def reject(self, r: Reject) -> None:
+        self.rejects_by_reason[r.reason] += 1
+        self.rejects_by_dataset[Path(r.source.split(":")[0]).stem] += 1
+
+    def keep(self, dataset: str, split: str, with_tools: bool, dropped_final_assistant: bool) -> None:
+        self.rows_out += 1
+        self.out_by_dataset[dataset] += 1
+        self.splits[split] += 1
+        self.with_tools += with_tools
+        self.final_assistant_dropped += dropped_final_assistant
+
+
 @dataclass(frozen=True)
 class Ingested:
     rows: tuple[PromptRow, ...]
@@ -94,6 +122,15 @@ class Ingested:
     n_duplicates: int
     n_capped: int
     per_dataset_in: dict[str, int] = field(default_factory=dict)
+
+    def tally(self) -> Tally:
+        t = Tally(rows_in=self.rows_in, blank_lines=self.blank_lines, n_duplicates=self.n_duplicates,
+                  n_capped=self.n_capped, per_dataset_in=Counter(self.per_dataset_in))
+        for r in self.rejects:
+            t.reject(r)
+        for row in self.rows:
+            t.keep(row.prompt.dataset, row.split, row.prompt.tools is not None, row.prompt.dropped_final_assistant)
+        return t
 
 
 # ---------------------------------------------------------------- ids and split
@@ -478,32 +515,31 @@ def rejects_table(result: Ingested):
     return pa.Table.from_pylist(rows, schema=schema.rejects())
 
 
-def stage_metrics(result: Ingested, params: PromptsParams):
+def stage_metrics(result: Ingested | Tally, params: PromptsParams):
     from draftgate.config import as_dict
     from draftgate.metrics import StageMetrics
 
-    m = StageMetrics("prompts", rows_in=result.rows_in, rows_out=len(result.rows), params=as_dict(params))
-    for r in result.rejects:
-        m.drop(r.reason)
-    if result.n_duplicates:
-        m.drop("duplicate", result.n_duplicates)
-    if result.n_capped:
-        m.drop("over_max_prompts", result.n_capped)
-    splits = Counter(row.split for row in result.rows)
-    out_by_dataset = Counter(row.prompt.dataset for row in result.rows)
-    rejects_by_dataset = Counter(Path(r.source.split(":")[0]).stem for r in result.rejects)
+    t = result.tally() if isinstance(result, Ingested) else result
+    m = StageMetrics("prompts", rows_in=t.rows_in, rows_out=t.rows_out, params=as_dict(params))
+    for reason, n in t.rejects_by_reason.items():
+        m.drop(reason, n)
+    if t.n_duplicates:
+        m.drop("duplicate", t.n_duplicates)
+    if t.n_capped:
+        m.drop("over_max_prompts", t.n_capped)
+    n_rejects = sum(t.rejects_by_reason.values())
     m.figures.update({
-        "n_rejects": len(result.rejects),
-        "rejects_rate": round(len(result.rejects) / result.rows_in, 6) if result.rows_in else 0.0,
-        "n_duplicates": result.n_duplicates,
-        "n_capped": result.n_capped,
-        "blank_lines": result.blank_lines,
-        "final_assistant_dropped": sum(row.prompt.dropped_final_assistant for row in result.rows),
-        "with_tools": sum(row.prompt.tools is not None for row in result.rows),
-        "split": {"train": splits["train"], "heldout": splits["heldout"]},
-        "heldout_fraction": round(splits["heldout"] / len(result.rows), 6) if result.rows else 0.0,
-        "datasets": {d: {"in": n, "out": out_by_dataset[d], "rejects": rejects_by_dataset[d]}
-                     for d, n in result.per_dataset_in.items()},
+        "n_rejects": n_rejects,
+        "rejects_rate": round(n_rejects / t.rows_in, 6) if t.rows_in else 0.0,
+        "n_duplicates": t.n_duplicates,
+        "n_capped": t.n_capped,
+        "blank_lines": t.blank_lines,
+        "final_assistant_dropped": t.final_assistant_dropped,
+        "with_tools": t.with_tools,
+        "split": {"train": t.splits["train"], "heldout": t.splits["heldout"]},
+        "heldout_fraction": round(t.splits["heldout"] / t.rows_out, 6) if t.rows_out else 0.0,
+        "datasets": {d: {"in": n, "out": t.out_by_dataset[d], "rejects": t.rejects_by_dataset[d]}
+                     for d, n in sorted(t.per_dataset_in.items())},
     })
     return m
 
@@ -525,9 +561,12 @@ def read_raw(path: Path) -> Iterator[RawRecord]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path)  # an unreadable file raises: the stage stops with exit 2
-        for i, row in enumerate(table.to_pylist()):
-            yield RawRecord(path.name, i, row)
+        # Batch by batch (bounded memory); an unreadable file raises: the stage stops with exit 2.
+        i = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                yield RawRecord(path.name, i, row)
+                i += 1
         return
     with open(path, "rb") as f:
         # Split on b"\n" only: U+2028 and friends may sit inside JSON strings.

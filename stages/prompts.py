@@ -25,24 +25,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate import prompts
     from draftgate.config import ParamsError, load_params
-    from draftgate.io import write_parquet
+    from draftgate.prompts_stream import ingest_to_files
 
     try:
         all_params = load_params(args.params)
         params = all_params.prompts
         files = _selected(prompts.raw_files(args.raw), params.datasets, args.raw)
-        records = [r for path in files for r in _read(prompts, path)]
-        result = prompts.ingest(records, params, _render_problem(all_params))
+        records = (r for path in files for r in _read(prompts, path))
+        # Streamed (prompts_stream.py): files in name order, records in line order, two passes
+        # over part files; memory does not grow with the rows.
+        tally = ingest_to_files(records, params, Path(args.out), _render_problem(all_params))
     except (ParamsError, OSError, ValueError) as e:
         print(f"stages.prompts: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    write_parquet(out / "rejects.parquet", prompts.rejects_table(result))
-    write_parquet(out / "prompts.parquet", prompts.prompts_table(result))
-    metrics = prompts.stage_metrics(result, params)
+    metrics = prompts.stage_metrics(tally, params)
     metrics.write(args.metrics)
     print(f"prompts: {metrics.rows_in} records -> {metrics.rows_out} prompts "
-          f"({len(result.rejects)} rejected, {result.n_duplicates} duplicates, "
+          f"({metrics.figures['n_rejects']} rejected, {tally.n_duplicates} duplicates, "
           f"{metrics.figures['split']['heldout']} heldout)")
     return 0
 
@@ -90,9 +89,9 @@ def _render_problem(params):
     return problem
 
 
-def _read(prompts, path: Path) -> list:
+def _read(prompts, path: Path):
     try:
-        return list(prompts.read_raw(path))
+        yield from prompts.read_raw(path)
     except Exception as e:  # pyarrow raises its own types (ArrowInvalid, ...) for a corrupt Parquet file
         raise OSError(f"{path}: cannot be read ({type(e).__name__}: {e}); fix or remove the file") from None
 
