@@ -4,16 +4,25 @@ python -m stages.generate --params params.yaml --prompts data/prompts/prompts.pa
     --gate data/gates/prompts.json --out data/responses --metrics metrics/generate.json
 
 The journal (`<out>/journal.jsonl`) is append-only and survives reruns: finished prompts are
-skipped, so a crashed or stopped run resumes where it was. Exit 0 when every prompt in scope was
-attempted or the budget ran out (the responses gate judges completeness); 1 when the run stopped
-on 401 / credits (journal, table and metrics are still written); 2 on unusable input.
+skipped, so a crashed or stopped run resumes where it was. `generate.budget_usd` bounds the whole
+journal, every run together (draftgate/client/budget.py). With `backend: local` this stage starts
+the local server (draftgate.serve) for the run and passes its identity (weights, tokenizer,
+template fingerprints) into every request hash. The journal's sha256 and line count go into the
+metrics: DVC versions the table, not the journal (draftgate/client/journal.py says why).
+
+Exit 0 when every prompt in scope was attempted or the budget ran out (the responses gate judges
+completeness); 1 when the run stopped on 401 / credits (journal, table and metrics are still
+written); 2 on unusable input or params.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -41,13 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         require_passed(args.gate, "gate_prompts", "fix the prompts before generating")
         prompts = client.select(client.read_prompts(args.prompts), params.generate.limit)
         gp = params.generate
-        if gp.budget_usd > 0 and not (gp.price.prompt_usd_per_mtok or gp.price.completion_usd_per_mtok):
+        if gp.budget_usd > 0 and gp.price.free:
             print("generate: budget_usd is set but generate.price is zero: worst cases cannot be "
                   "reserved, so the budget only stops after the fact; set generate.price", file=sys.stderr)
         out = Path(args.out)
         journal = out / "journal.jsonl"
-        with target_for(params) as target:
-            result = client.run(prompts, gp, target, journal)
+        with target(params, target_for) as t:
+            result = client.run(prompts, gp, t, journal)
     except (ParamsError, GateNotPassed, TargetError, OSError, ValueError) as e:
         print(f"stages.generate: {e}", file=sys.stderr)
         return 2
@@ -62,11 +71,40 @@ def main(argv: list[str] | None = None) -> int:
             metrics.drop(reason)
     metrics.figures.update(result.figures())
     metrics.figures["table_cost_usd"] = round(sum(c or 0.0 for c in table.column("cost_usd").to_pylist()), 6)
+    metrics.figures.update(journal_figures(journal))
     metrics.write(args.metrics)
+    budget = f" of ${gp.budget_usd:.4f}" if gp.budget_usd else ""
     print(f"generate: {len(prompts)} prompts: {metrics.rows_out} ok, {len(prompts) - metrics.rows_out} not "
-          f"({result.skipped} already done, {result.sent} sent this run, ${result.spent_usd:.4f} spent)"
+          f"({result.skipped} already done, {result.sent} sent this run, ${result.spent_usd:.4f} spent this run, "
+          f"${result.journal_spent_usd:.4f}{budget} by the journal in total)"
           + (f"; stopped: {result.stop_reason}" if result.stop_reason else ""))
     return result.exit_code
+
+
+@contextlib.contextmanager
+def target(params: Any, remote: Any) -> Iterator[Any]:
+    """Where requests go. `local`: start the local server for the run; its identity (weights,
+    tokenizer, template, device) goes into every request hash. Otherwise the remote API."""
+    from draftgate.client import Target
+
+    if params.generate.backend != "local":
+        yield remote(params.generate)
+        return
+    from draftgate.serve.local import running, served_identity
+
+    with running(params.serve) as url:
+        yield Target(url, identity=served_identity(url))
+
+
+def journal_figures(path: Path) -> dict[str, Any]:
+    """The journal's identity for the metrics: DVC does not cache it (journal.py explains)."""
+    h, lines, size = hashlib.sha256(), 0, 0
+    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            lines += block.count(b"\n")
+            size += len(block)
+    return {"journal_sha256": h.hexdigest(), "journal_lines": lines, "journal_bytes": size}
 
 
 if __name__ == "__main__":

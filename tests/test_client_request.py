@@ -72,3 +72,24 @@ def test_a_prompt_row_with_broken_messages_names_the_row_and_the_fix():
     p = prompt_from_row({"prompt_id": "x", "dataset": "d", "messages": json.dumps([{"role": "user", "content": "a"}]),
                          "tools": json.dumps(TOOLS)}, "w")
     assert p.tools == TOOLS and p.chars > 0
+
+
+IDENTITY = {"weights": "a" * 64, "tokenizer": "b" * 64, "chat_template": "c" * 64, "device": "cpu"}
+
+
+@pytest.mark.parametrize("part", ["weights", "tokenizer", "chat_template", "device"])
+def test_the_hash_moves_with_the_served_models_fingerprints(part):
+    body = build_body(PROMPT, gen(backend="local"))
+    assert request_hash(body, "local", IDENTITY) != request_hash(body, "local", {**IDENTITY, part: "x"})
+    assert request_hash(body, "local", IDENTITY) != request_hash(body, "local")
+
+
+def test_without_an_identity_the_hash_is_the_one_existing_journals_hold():
+    # Remote journals written before identities were hashed must still resume (paid answers).
+    import hashlib
+
+    body = build_body(PROMPT, gen(backend="openrouter"))
+    shaping = {k: v for k, v in body.items() if k not in ("stream", "usage", "return_token_ids")}
+    before = hashlib.sha256(json.dumps({**shaping, "backend": "openrouter"}, sort_keys=True, separators=(",", ":"),
+                                       ensure_ascii=False).encode()).hexdigest()
+    assert request_hash(body, "openrouter") == request_hash(body, "openrouter", {}) == before

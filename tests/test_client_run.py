@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -253,3 +254,98 @@ def test_paid_errors_count_as_wasted_spend_and_in_the_tables_cost(tmp_path):
     table = responses_table(ps, result.hashes, read_journal(journal).records)
     assert sum(table.column("cost_usd").to_pylist()) == pytest.approx(result.spent_usd)
     assert sum(table.column("wasted_cost_usd").to_pylist()) == pytest.approx(result.wasted_usd)
+
+
+# ---------------------------------------------------------------- budget over the journal, lost answers
+
+# Worst case per request: 100 completion tokens at $10/Mtok = $0.001 (prompt priced at 0).
+PRICED = {"max_tokens": 100, "price": {"prompt_usd_per_mtok": 0.0, "completion_usd_per_mtok": 10.0}}
+
+
+def test_the_budget_bounds_the_whole_journal_across_reruns_not_each_run(tmp_path, capsys):
+    ps, journal = prompts(20), tmp_path / "j.jsonl"
+    with running(Script(cost_usd=0.001)) as server:
+        first = run(ps, gen(concurrency=1, budget_usd=0.0025, **PRICED), Target(server.base_url), journal,
+                    progress=False)
+        second = run(ps, gen(concurrency=1, budget_usd=0.0025, **PRICED), Target(server.base_url), journal,
+                     progress=False)
+        third = run(ps, gen(concurrency=1, budget_usd=0.0025, **PRICED), Target(server.base_url), journal,
+                    progress=False)
+        assert server.requests == 2                         # per-run budgets would have bought 6
+        raised = run(ps, gen(concurrency=1, budget_usd=0.0045, **PRICED), Target(server.base_url), journal,
+                     progress=False)
+        assert server.requests == 4
+    assert (first.ok, second.sent, third.sent, raised.ok) == (2, 0, 0, 2)
+    assert (first.spent_usd, second.spent_usd) == (pytest.approx(0.002), 0.0)
+    assert second.spent_before_usd == pytest.approx(0.002) and raised.journal_spent_usd == pytest.approx(0.004)
+    assert all(r.stop_reason == "budget" and r.exit_code == 0 for r in (first, second, third, raised))
+    err = capsys.readouterr().err
+    assert "budget $0.0025 for the whole journal: $0.0020 spent by earlier runs, $0.0005 left" in err
+    # The stop says the total and the budget that would finish the job (18 prompts at $0.001).
+    assert ("the journal has spent $0.0020 in total over every run ($0.0000 in this one) of "
+            "generate.budget_usd $0.0025") in err
+    assert "18 prompts are left, up to $0.0180 if each is answered once: to continue, set " \
+           "generate.budget_usd to at least $0.0200" in err
+
+
+def test_a_timed_out_or_dropped_answer_counts_as_wasted_at_its_worst_case(tmp_path):
+    ps, journal = prompts(4), tmp_path / "j.jsonl"
+    script = Script(per_key={"p0000": ("timeout",), "p0001": ("reset",), "p0002": ("malformed_json",)},
+                    cost_usd=0.0005, hang_s=2.0, retry_after_s=0.01)
+    with running(script) as server:
+        result = run(ps, gen(timeout_s=0.3, budget_usd=1.0, **PRICED), Target(server.base_url), journal,
+                     progress=False)
+    assert result.ok == 4
+    for pid, cause in (("id0000", "timeout"), ("id0001", "connection"), ("id0002", "malformed_json")):
+        rec = journal_line(journal, pid)
+        [lost] = rec["failed_attempts"]
+        assert (lost["cause"], lost["worst_case_usd"]) == (cause, pytest.approx(0.001)), pid
+        assert "cost_usd" not in lost and rec["wasted_cost_usd"] == pytest.approx(0.001)
+    assert result.lost_attempts == 3 and result.paid_failed_attempts == 0
+    assert result.wasted_usd == result.wasted_worst_case_usd == pytest.approx(0.003)
+    assert result.spent_usd == pytest.approx(4 * 0.0005 + 0.003)
+    table = responses_table(ps, result.hashes, read_journal(journal).records)
+    assert sum(table.column("cost_usd").to_pylist()) == pytest.approx(result.spent_usd)
+
+
+def test_a_refused_connection_sent_nothing_and_costs_nothing(tmp_path):
+    import socket
+
+    with socket.socket() as s:      # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = run(prompts(1), gen(max_attempts=1, budget_usd=1.0, **PRICED), Target(f"http://127.0.0.1:{port}/v1"),
+                 tmp_path / "j.jsonl", progress=False)
+    [f] = journal_line(tmp_path / "j.jsonl", "id0000")["failed_attempts"]
+    assert f["cause"] == "connect" and "worst_case_usd" not in f
+    assert (result.wasted_usd, result.lost_attempts, result.failures) == (0.0, 0, {"connect": 1})
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"budget_usd": 0.0, **PRICED}, "generate.budget_usd is 0 (no budget) but requests are paid"),
+    ({"backend": "openrouter", "budget_usd": 5.0}, "generate.price is zero but backend openrouter bills"),
+])
+def test_a_paid_run_without_a_budget_or_price_sends_nothing(tmp_path, params, message):
+    with running(Script()) as server:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            run(prompts(3), gen(**params), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+        assert server.requests == 0
+
+
+def test_a_free_backend_runs_without_a_budget(tmp_path):
+    with running(Script(cost_usd=0.0)) as server:
+        result = run(prompts(3), gen(budget_usd=0.0), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+    assert (result.ok, result.stop_reason) == (3, None)
+
+
+def test_a_new_model_identity_regenerates_and_the_same_one_resumes(tmp_path):
+    ps, journal = prompts(5), tmp_path / "j.jsonl"
+    old = {"weights": "a" * 64, "tokenizer": "b" * 64, "chat_template": "c" * 64, "device": "cpu"}
+    fixed = {**old, "tokenizer": "d" * 64}        # e.g. a fixed tokenizer conversion
+    with running(Script()) as server:
+        first = run(ps, gen(backend="local"), Target(server.base_url, identity=old), journal, progress=False)
+        same = run(ps, gen(backend="local"), Target(server.base_url, identity=old), journal, progress=False)
+        new = run(ps, gen(backend="local"), Target(server.base_url, identity=fixed), journal, progress=False)
+        assert server.requests == 10
+    assert (first.sent, same.skipped, new.sent) == (5, 5, 5)
+    assert set(first.hashes.values()).isdisjoint(new.hashes.values())

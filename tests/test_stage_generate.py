@@ -23,6 +23,8 @@ from draftgate.serve.scripted import RETRYABLE_FAULTS, Script, running
 from stages import generate
 
 REPO = Path(__file__).resolve().parents[1]
+# OpenRouter bills: its params need a price and a budget (client/budget.py).
+PAID = {"budget_usd": 10.0, "price": {"prompt_usd_per_mtok": 1.0, "completion_usd_per_mtok": 2.0}}
 
 
 def workspace(tmp: Path, n: int, gate_ok: bool = True, **generate_params) -> dict[str, str]:
@@ -85,7 +87,7 @@ def test_the_api_key_never_appears_in_any_file_or_log_the_run_wrote(tmp_path, mo
     monkeypatch.setenv("DRAFTGATE_TEST_KEY", key)
     with running(Script(api_key=key, fault_rate=0.3, hang_s=1.0, retry_after_s=0.01)) as server:
         paths = workspace(tmp_path, 60, backend="openrouter", base_url=server.base_url,
-                          api_key_env="DRAFTGATE_TEST_KEY", http_referer="https://example.org")
+                          api_key_env="DRAFTGATE_TEST_KEY", http_referer="https://example.org", **PAID)
         assert generate.main(argv(paths)) == 0
         assert all(a.action != "http_401" for a in server.log)   # the key was sent on every request
     out, err = capfd.readouterr()
@@ -101,7 +103,7 @@ def test_a_401_exits_non_zero_with_a_clear_message_and_writes_journal_table_and_
     monkeypatch.setenv("DRAFTGATE_TEST_KEY", "sk-or-v1-wrong")
     with running(Script(api_key="sk-or-v1-right")) as server:
         paths = workspace(tmp_path, 10, backend="openrouter", base_url=server.base_url,
-                          api_key_env="DRAFTGATE_TEST_KEY", concurrency=2)
+                          api_key_env="DRAFTGATE_TEST_KEY", concurrency=2, **PAID)
         assert generate.main(argv(paths)) == 1
     assert "auth_401" in capsys.readouterr().err
     metrics = json.loads(Path(paths["metrics"]).read_text())
@@ -152,6 +154,19 @@ def test_backend_local_starts_the_local_server_and_keeps_its_token_ids_as_truth(
     for r in rows:
         assert r["truth_ids"] and len(r["truth_ids"]) == r["billed_completion_tokens"] <= 6
         assert r["content"] and r["provider"] == "local"
+    # The hash names the served weights and tokenizer; a second server start serves the same: resumed.
+    assert generate.main(argv(paths)) == 0
+    assert json.loads(Path(paths["metrics"]).read_text())["skipped_done"] == 2
+    from draftgate.client.request import build_body, prompt_from_row, request_hash
+    from draftgate.config import load_params
+    from draftgate.serve.local import running as serving, served_identity
+
+    gp = load_params(paths["params"]).generate
+    with serving(load_params(paths["params"]).serve) as url:
+        identity = served_identity(url)
+    prompt = prompt_from_row(pq.read_table(paths["prompts"]).to_pylist()[0], "row 0")
+    assert rows[0]["request_hash"] == request_hash(build_body(prompt, gp), "local", identity)
+    assert rows[0]["request_hash"] != request_hash(build_body(prompt, gp), "local")
 
 
 def test_a_key_is_never_sent_over_plain_http_to_another_host(tmp_path, monkeypatch, capsys):
@@ -180,3 +195,46 @@ def test_metrics_count_paid_errors_and_junk_answers_as_wasted_spend_and_quaranti
     row = pq.read_table(Path(paths["out"]) / "responses.parquet").to_pylist()[1]
     assert (row["status"], row["failure_reason"]) == ("failed", "content_parts_repr")
     assert row["content"] == "[{'type': 'text', 'text': 'Answer to p0001.'}]"
+
+
+def test_reruns_of_the_stage_share_one_budget_and_the_stop_says_the_total_and_how_to_continue(tmp_path, capsys):
+    priced = {"max_tokens": 100, "concurrency": 1, "budget_usd": 0.0025,
+              "price": {"prompt_usd_per_mtok": 0.0, "completion_usd_per_mtok": 10.0}}
+    with running(Script(cost_usd=0.001)) as server:
+        paths = workspace(tmp_path, 6, base_url=server.base_url, **priced)
+        assert [generate.main(argv(paths)) for _ in range(3)] == [0, 0, 0]
+        assert server.requests == 2
+    err = capsys.readouterr().err
+    assert "$0.0020 spent by earlier runs, $0.0005 left" in err
+    assert "set generate.budget_usd to at least $0.0060" in err
+    m = json.loads(Path(paths["metrics"]).read_text())
+    assert (m["spent_usd"], m["journal_spent_usd"], m["budget_usd"]) == (0.0, 0.002, 0.0025)
+    assert m["stop_reason"] == "budget" and m["drops_by_reason"] == {"unsent_budget": 4}
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"max_attempts": 0}, "generate.max_attempts: 0 is out of range; allowed: >= 1"),
+    ({"limit": -1}, "generate.limit: -1 is out of range; allowed: >= 1"),
+    ({"concurrency": 0}, "generate.concurrency: 0 is out of range; allowed: >= 1"),
+    ({"budget_usd": -1}, "generate.budget_usd: -1 is out of range; allowed: >= 0"),
+    ({"budget_usd": 0, "price": {"completion_usd_per_mtok": 1.0}}, "generate.budget_usd is 0 (no budget)"),
+])
+def test_params_the_code_cannot_run_exit_2_before_any_request(tmp_path, capsys, bad, message):
+    with running(Script()) as server:
+        paths = workspace(tmp_path, 3, base_url=server.base_url, **bad)
+        assert generate.main(argv(paths)) == 2
+        assert server.requests == 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_metrics_name_the_journal_by_sha256_and_line_count(tmp_path):
+    import hashlib
+
+    with running(Script()) as server:
+        paths = workspace(tmp_path, 4, base_url=server.base_url)
+        assert generate.main(argv(paths)) == 0
+    journal = (Path(paths["out"]) / "journal.jsonl").read_bytes()
+    m = json.loads(Path(paths["metrics"]).read_text())
+    assert m["journal_sha256"] == hashlib.sha256(journal).hexdigest()
+    assert (m["journal_lines"], m["journal_bytes"]) == (4, len(journal))

@@ -1,11 +1,31 @@
 """Spend control: a request is only sent when spent + every in-flight worst case stays in budget.
 
+The budget bounds the journal, not a run: `generate.budget_usd` is the most the whole journal
+may cost, every run and every billed attempt included. A rerun starts from what the journal
+already spent (`journal_cost`), so three reruns at $0.002 spend $0.002 in all, not $0.006.
+
+Semantics of `budget_usd` (ranges in config.py refuse a negative one):
+- > 0: the bound. The stage prints spent / left before sending; when the next request's worst
+  case no longer fits, scheduling stops and the message says the total and the budget to set.
+- 0: no budget. Allowed only for a free backend: `local`, or `openai` at a zero price (a server
+  of your own). A paid price with no budget, or `openrouter` without a price or a budget, is
+  refused before anything is sent (`budget_problem`): OpenRouter bills every request, and the
+  price is what lets the budget reserve worst cases and count lost answers.
+
 Worst case of one request = estimated prompt tokens + max_tokens, at the price table (OpenRouter
 reserves the same against the balance). The prompt estimate is deliberately high: one token per
 3 characters of the messages+tools JSON (real tokenizers average ~4 on English, ~3 on code) plus
-8 per message for the template. Actual cost is usage.cost when the API reports it, else the
-billed tokens at the price table. Attempts that were billed but bought no kept answer (an empty
-or junk 200, an error body of any status that carries usage) count as spent too, and as wasted.
+8 per message for the template.
+
+What an attempt costs:
+- an answer or an error body that carries usage: usage.cost when the API reports it, else the
+  billed tokens at the price table. Billed attempts that bought no kept answer (an empty or junk
+  200, an error body of any status with usage) count as spent and as wasted.
+- a lost answer, whose bill we never saw: a timeout, a connection dropped after the request went
+  out, a 2xx whose body or usage cannot be read. The provider may have generated and billed it
+  (POST is not idempotent), so it counts at its worst case (`worst_case_usd` in the journal).
+  Only a refused connection (`connect`) certainly sent nothing.
+- an HTTP error status without usage: 0 (OpenRouter does not bill failed requests).
 """
 
 from __future__ import annotations
@@ -24,6 +44,10 @@ def prompt_tokens_high(prompt: Prompt) -> int:
     return -(-prompt.chars // CHARS_PER_TOKEN_HIGH) + TEMPLATE_TOKENS_PER_MESSAGE * len(prompt.messages)
 
 
+def worst_case(prompt: Prompt, price: PriceParams, max_tokens: int) -> float:
+    return price_of(price, prompt_tokens_high(prompt), max_tokens)
+
+
 def price_of(price: PriceParams, prompt_tokens: float, completion_tokens: float) -> float:
     return (prompt_tokens * price.prompt_usd_per_mtok + completion_tokens * price.completion_usd_per_mtok) / 1e6
 
@@ -38,16 +62,40 @@ def cost_of(usage: dict[str, Any] | None, price: PriceParams) -> float:
     return price_of(price, usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
 
 
+def line_cost(rec: dict[str, Any]) -> float:
+    """Everything one journal line's attempts cost: the kept answer plus wasted (billed or lost)."""
+    kept = rec.get("cost_usd") if rec.get("status") == "ok" else 0.0
+    return float(kept or 0.0) + float(rec.get("wasted_cost_usd") or 0.0)
+
+
+def journal_cost(records: list[dict[str, Any]]) -> float:
+    """What the journal has cost so far: every line, whatever its request hash or run."""
+    return sum(line_cost(r) for r in records)
+
+
+def budget_problem(gp: Any) -> str | None:
+    """Why these params may not send anything, or None. See the module docstring."""
+    if gp.backend == "openrouter" and gp.price.free:
+        return ("generate.price is zero but backend openrouter bills every request: set "
+                "generate.price.prompt_usd_per_mtok and completion_usd_per_mtok (the model's prices), so the "
+                "budget can reserve each request's worst case and count lost answers at it")
+    if gp.budget_usd == 0 and not gp.price.free:
+        return ("generate.budget_usd is 0 (no budget) but requests are paid (backend "
+                f"{gp.backend}, generate.price set): set generate.budget_usd to the most the journal may cost "
+                "in total, over every run (0 means no budget only for a free backend)")
+    return None
+
+
 @dataclass
 class Budget:
-    limit_usd: float          # 0 = no budget
+    limit_usd: float          # 0 = no budget (free backends only: budget_problem)
     price: PriceParams
     max_tokens: int
-    spent: float = 0.0
+    spent: float = 0.0        # the whole journal's: earlier runs' lines + this run's
     reserved: float = 0.0
 
     def worst_case(self, prompt: Prompt) -> float:
-        return price_of(self.price, prompt_tokens_high(prompt), self.max_tokens)
+        return worst_case(prompt, self.price, self.max_tokens)
 
     def fits(self, amount: float) -> bool:
         return self.limit_usd <= 0 or self.spent + self.reserved + amount <= self.limit_usd

@@ -1,9 +1,18 @@
-"""Prompt rows -> request bodies, and the request hash that says which params shaped an answer.
+"""Prompt rows -> request bodies, and the request hash that says what made an answer.
 
 `request_hash` covers every field that shapes the output (model, messages, tools, sampling,
 max_tokens, provider routing, reasoning, seed, extra_body, backend) and nothing that does not
-(the key, the URL/port, concurrency, retries). A journal line whose hash differs from the current
-one was produced under other params and is ignored on resume, so changing a param regenerates.
+(the key, the URL/port, concurrency, retries, budget). For a remote API the body is all we know
+of what answers (the model slug and the provider routing name it). A server that can say more
+reports its identity and that goes in too: the local server's weights, tokenizer and chat
+template fingerprints and its device (`Target.identity`), so new weights or a fixed tokenizer
+conversion regenerate instead of resuming on answers the old ones made.
+
+A journal line whose hash differs from the current one was produced under other params or by
+another model build and is ignored on resume, so such a change regenerates. Journals written
+before the identity was hashed: remote lines (identity empty) hash exactly as before and resume;
+local lines no longer match and are regenerated once (free, and nothing says which weights made
+them). Old lines stay in the journal and count toward the budget.
 """
 
 from __future__ import annotations
@@ -70,9 +79,11 @@ def canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def request_hash(body: dict[str, Any], backend: str) -> str:
+def request_hash(body: dict[str, Any], backend: str, identity: dict[str, str] | None = None) -> str:
     shaping = {k: v for k, v in body.items() if k not in _NOT_SHAPING}
     shaping["backend"] = backend
+    if identity:   # absent when empty: remote hashes stay what they were before identities
+        shaping["served_by"] = identity
     return hashlib.sha256(canonical(shaping).encode()).hexdigest()
 
 

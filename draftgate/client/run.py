@@ -7,12 +7,15 @@ the finished line to the journal (fsynced), and only then update budget, stats a
 Every failed attempt is kept in its prompt's line (`failed_attempts`): cause, HTTP status, the
 provider that failed (`error.metadata.provider_name` for OpenRouter errors), the error metadata
 (secrets redacted), billed usage and cost, and for a 200 that was junk (a leaked error or content
-parts in `content`), the completion as received. A billed failure counts as wasted spend.
+parts in `content`), the completion as received. A billed failure counts as wasted spend; so
+does a lost answer (timeout, dropped connection, unreadable 2xx), at its worst case (budget.py).
 
-A run stops scheduling when the budget cannot cover the next request even with nothing in flight,
-or when an answer says the whole run is doomed (401, credits 402, budget 403). In-flight requests
-then finish without further retries. Prompts never sent are not journaled (no request happened);
-the table lists them as failed with reason `unsent_<stop reason>`.
+The budget covers the whole journal: the run starts from what earlier runs' lines cost, prints
+spent / left before sending, and stops scheduling when the budget cannot cover the next request
+even with nothing in flight. It also stops when an answer says the whole run is doomed (401,
+credits 402, budget 403). In-flight requests then finish without further retries. Prompts never
+sent are not journaled (no request happened); the table lists them as failed with reason
+`unsent_<stop reason>`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from draftgate.client.budget import Budget, cost_of
+from draftgate.client.budget import Budget, budget_problem, cost_of, journal_cost, worst_case
 from draftgate.client.http import ChatClient
 from draftgate.client.journal import Journal, is_done, latest, read_journal
 from draftgate.client.progress import Progress
@@ -43,6 +46,9 @@ class Target:
     base_url: str
     api_key: str | None = field(default=None, repr=False)
     headers: dict[str, str] = field(default_factory=dict)
+    # What answers besides the request body (a local server's weights/tokenizer fingerprints);
+    # part of every request hash. Empty for remote APIs: the body's model and routing name them.
+    identity: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -56,13 +62,17 @@ class RunResult:
     unsent: int = 0
     stop_reason: str | None = None
     stop_detail: str = ""
+    budget_usd: float = 0.0
+    spent_before_usd: float = 0.0  # what the journal's earlier lines cost (every earlier run)
     retries: Counter = field(default_factory=Counter)     # cause -> retried attempts
     failures: Counter = field(default_factory=Counter)    # final cause -> prompts
     providers: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)
-    spent_usd: float = 0.0
-    wasted_usd: float = 0.0        # billed attempts that bought no kept answer (retried or failed)
+    spent_usd: float = 0.0         # this run
+    wasted_usd: float = 0.0        # this run's attempts that bought no kept answer: billed or lost
+    wasted_worst_case_usd: float = 0.0   # the part of it that is lost answers at their worst case
     paid_failed_attempts: int = 0  # failed attempts that were billed (junk 200s, errors with usage)
+    lost_attempts: int = 0         # failed attempts whose bill was never seen (timeouts, resets)
     failed_attempts_by_provider: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -72,6 +82,10 @@ class RunResult:
     journal_bad_lines: int = 0
     journal_commits: int = 0
     hashes: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def journal_spent_usd(self) -> float:
+        return self.spent_before_usd + self.spent_usd
 
     @property
     def exit_code(self) -> int:
@@ -84,7 +98,10 @@ class RunResult:
             "ok": self.ok, "failed": self.failed, "unsent": self.unsent,
             "stop_reason": self.stop_reason, "stop_detail": self.stop_detail,
             "spent_usd": round(self.spent_usd, 6), "wasted_usd": round(self.wasted_usd, 6),
-            "paid_failed_attempts": self.paid_failed_attempts,
+            "wasted_worst_case_usd": round(self.wasted_worst_case_usd, 6),
+            "budget_usd": self.budget_usd, "journal_spent_usd": round(self.journal_spent_usd, 6),
+            "journal_spent_before_usd": round(self.spent_before_usd, 6),
+            "paid_failed_attempts": self.paid_failed_attempts, "lost_attempts": self.lost_attempts,
             "failed_attempts_by_provider": dict(sorted(self.failed_attempts_by_provider.items())),
             "providers": dict(sorted(self.providers.items())),
             "finish_reasons": dict(sorted(self.finish_reasons.items())),
@@ -109,8 +126,9 @@ def select(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
     return prompts if limit is None else prompts[:limit]
 
 
-def current_hashes(prompts: list[Prompt], params: GenerateParams) -> dict[str, str]:
-    return {p.prompt_id: request_hash(build_body(p, params), params.backend) for p in prompts}
+def current_hashes(prompts: list[Prompt], params: GenerateParams,
+                   identity: dict[str, str] | None = None) -> dict[str, str]:
+    return {p.prompt_id: request_hash(build_body(p, params), params.backend, identity) for p in prompts}
 
 
 def run(prompts: list[Prompt], params: GenerateParams, target: Target, journal_path: str | Path,
@@ -118,12 +136,27 @@ def run(prompts: list[Prompt], params: GenerateParams, target: Target, journal_p
     return asyncio.run(run_async(prompts, params, target, journal_path, policy, progress, seed))
 
 
+def budget_line(params: GenerateParams, spent: float, todo: list[Prompt]) -> str:
+    """Printed before anything is sent: what the journal spent, what is left, what is at stake."""
+    worst = sum(worst_case(p, params.price, params.max_tokens) for p in todo)
+    head = f"generate: {len(todo)} prompts to send, up to ${worst:.4f} if each is answered once"
+    if params.budget_usd <= 0:
+        return f"{head}; no budget (free backend); the journal holds ${spent:.4f} of spend"
+    return (f"{head}; budget ${params.budget_usd:.4f} for the whole journal: ${spent:.4f} spent by earlier "
+            f"runs, ${max(params.budget_usd - spent, 0.0):.4f} left")
+
+
 async def run_async(prompts: list[Prompt], params: GenerateParams, target: Target,
                     journal_path: str | Path, policy: Policy | None = None, progress: bool = True,
                     seed: int = 0) -> RunResult:
+    problem = budget_problem(params)
+    if problem:
+        raise ValueError(problem)
     prompts = select(prompts, params.limit)
-    result = RunResult(total=len(prompts), hashes=current_hashes(prompts, params))
+    result = RunResult(total=len(prompts), hashes=current_hashes(prompts, params, target.identity),
+                       budget_usd=params.budget_usd)
     scan = read_journal(journal_path)
+    result.spent_before_usd = journal_cost(scan.records)
     result.journal_torn_tail, result.journal_bad_lines = scan.torn_tail, len(scan.bad_lines)
     if scan.torn_tail or scan.bad_lines:
         print(f"generate: {journal_path}: ignoring {int(scan.torn_tail)} torn last line and "
@@ -134,6 +167,7 @@ async def run_async(prompts: list[Prompt], params: GenerateParams, target: Targe
     result.skipped = len(prompts) - len(todo)
     if not todo:
         return result
+    print(budget_line(params, result.spent_before_usd, todo), file=sys.stderr)
     if policy is None:
         policy = Policy(params.retry_base_s, params.retry_max_s, params.retry_after_cap_s)
     runner = _Runner(params, target, policy, result, seed,
@@ -154,7 +188,7 @@ class _Runner:
         self.rng = random.Random(seed)
         self.progress = progress
         self.pause = PauseGate(policy)
-        self.budget = Budget(params.budget_usd, params.price, params.max_tokens)
+        self.budget = Budget(params.budget_usd, params.price, params.max_tokens, spent=result.spent_before_usd)
         self.settled = asyncio.Condition()
         self.in_flight = 0
         self.client: ChatClient | None = None
@@ -164,6 +198,7 @@ class _Runner:
         self.journal = journal
         self.client = ChatClient(self.target.base_url, self.target.api_key, self.p.concurrency,
                                  self.target.headers)
+        self.todo, self.started = todo, set()
         it = iter(todo)
         t0 = time.monotonic()
         if self.progress:
@@ -184,7 +219,7 @@ class _Runner:
             gc.set_threshold(*gc_threshold)
             await self.client.aclose()
             self.r.elapsed_s = time.monotonic() - t0
-            self.r.spent_usd = self.budget.spent
+            self.r.spent_usd = self.budget.spent - self.r.spent_before_usd
             self.r.pauses_429 = self.pause.pauses
             if self.progress:
                 self.progress.close()
@@ -202,20 +237,29 @@ class _Runner:
                 return
             worst = self.budget.worst_case(prompt)
             if not self.budget.fits(worst) and not await self._wait_for_budget(worst):
-                self.stop("budget", f"spent ${self.budget.spent:.4f} of ${self.budget.limit_usd}; the next "
-                                    f"request's worst case ${worst:.6f} does not fit; raise generate.budget_usd "
-                                    "and rerun (finished prompts are kept)")
+                self.stop("budget", self._budget_stop(worst))
                 return
             self.budget.reserve(worst)
             self.in_flight += 1
             self.r.sent += 1
+            self.started.add(prompt.prompt_id)
             try:
-                record, cost = await self._request(prompt)
+                record, cost = await self._request(prompt, worst)
                 await self.journal.append(record)   # durable before anything else happens with it
             finally:
                 self.in_flight -= 1
                 self.budget.settle(worst, 0.0)
             self._account(record, cost)
+
+    def _budget_stop(self, worst: float) -> str:
+        b, r = self.budget, self.r
+        left = [p for p in self.todo if p.prompt_id not in self.started]
+        need = sum(b.worst_case(p) for p in left)
+        return (f"the journal has spent ${b.spent:.4f} in total over every run (${b.spent - r.spent_before_usd:.4f} "
+                f"in this one) of generate.budget_usd ${b.limit_usd:.4f}, which bounds the whole journal; the next "
+                f"request's worst case ${worst:.6f} does not fit. {len(left)} prompts are left, up to ${need:.4f} if "
+                f"each is answered once: to continue, set generate.budget_usd to at least ${b.spent + need:.4f} "
+                "and rerun (finished prompts are kept, nothing is bought twice)")
 
     async def _wait_for_budget(self, worst: float) -> bool:
         async with self.settled:
@@ -226,7 +270,7 @@ class _Runner:
     def _account(self, rec: dict[str, Any], cost: float) -> None:
         r = self.r
         self.budget.spent += cost
-        r.spent_usd = self.budget.spent
+        r.spent_usd = self.budget.spent - r.spent_before_usd
         usage = rec.get("usage") or {}
         if rec["status"] == "ok":
             r.ok += 1
@@ -240,10 +284,12 @@ class _Runner:
         r.wasted_usd += rec.get("wasted_cost_usd") or 0.0
         for f in rec.get("failed_attempts") or ():
             r.paid_failed_attempts += bool(f.get("cost_usd"))
+            r.lost_attempts += "worst_case_usd" in f
+            r.wasted_worst_case_usd += f.get("worst_case_usd") or 0.0
             r.failed_attempts_by_provider[f.get("provider") or "unknown"] += 1
         r.attempts += rec.get("attempts") or 0
         if self.progress:
-            self.progress.finished(rec["status"] == "ok", usage.get("completion_tokens") or 0, self.budget.spent)
+            self.progress.finished(rec["status"] == "ok", usage.get("completion_tokens") or 0, r.spent_usd)
         if self.budget.limit_usd > 0:
             asyncio.ensure_future(self._notify())
 
@@ -251,8 +297,8 @@ class _Runner:
         async with self.settled:
             self.settled.notify_all()
 
-    async def _request(self, prompt: Prompt) -> tuple[dict[str, Any], float]:
-        """All attempts for one prompt -> (journal record, total cost billed)."""
+    async def _request(self, prompt: Prompt, worst: float) -> tuple[dict[str, Any], float]:
+        """All attempts for one prompt -> (journal record, total cost: billed, lost at worst case)."""
         body = encode_body(build_body(prompt, self.p))
         base = {"prompt_id": prompt.prompt_id, "request_hash": self.r.hashes[prompt.prompt_id]}
         failures: list[dict[str, Any]] = []
@@ -268,11 +314,13 @@ class _Runner:
                 return self._failed(base, "stopped", f"stopped_{self.r.stop_reason}", verdict, failures,
                                     attempt - 1, t_start, spent), spent
             t = time.monotonic()
-            verdict, comp, cost, failure = await self._attempt(body)
+            verdict, comp, cost, failure = await self._attempt(body, worst)
             spent += cost
             if comp is not None:
-                return self._ok(base, comp, failures, attempt, time.monotonic() - t, t_start,
-                                spent - cost, cost), spent
+                rec = self._ok(base, comp, failures, attempt, time.monotonic() - t, t_start, spent - cost, cost)
+                if comp.usage is None and cost:
+                    rec["cost_is_worst_case"] = True   # no usage came back: the bill is unknown
+                return rec, spent
             failures.append(failure)
             if verdict.kind == "stop":
                 self.stop(verdict.cause, verdict.detail)
@@ -289,14 +337,19 @@ class _Runner:
             await asyncio.sleep(self.policy.backoff_s(attempt, self.rng, verdict.wait_s))
         return self._failed(base, "exhausted", verdict.cause, verdict, failures, attempt, t_start, spent), spent
 
-    async def _attempt(self, body: bytes) -> tuple[Verdict | None, Completion | None, float, dict | None]:
-        """One HTTP request -> (verdict, completion, cost billed, journal entry of a failure)."""
+    async def _attempt(self, body: bytes, worst: float) -> tuple[Verdict | None, Completion | None, float, dict | None]:
+        """One HTTP request -> (verdict, completion, cost, journal entry of a failure).
+
+        The cost is what was billed, or for a lost answer (the bill never seen) the worst case."""
         try:
             async with asyncio.timeout(self.p.timeout_s):
                 resp = await self.client.post(body)
         except Exception as e:   # classify_exception re-raises anything that is not transport/timeout
             v = classify_exception(e)
-            return v, None, 0.0, self._failure(v)
+            # The request may have been answered and billed; only a refused connection sent nothing.
+            if v.cause == "connect":
+                return v, None, 0.0, self._failure(v)
+            return v, None, worst, self._failure(v, worst_case=worst)
         verdict = classify_status(resp.status_code, resp.headers, resp.content)
         if verdict is not None:
             info = error_info(resp.content)
@@ -306,16 +359,19 @@ class _Runner:
             comp = parse_completion(resp.content)
         except BadBody as b:
             v = Verdict("retry", b.cause, b.detail)
+            if b.usage is None:   # a 2xx whose bill cannot be read: generated, so maybe billed
+                return v, None, worst, self._failure(v, resp.status_code, resp.headers, b.error, b.completion,
+                                                     worst_case=worst)
             cost = cost_of(b.usage, self.p.price)
             return v, None, cost, self._failure(v, resp.status_code, resp.headers, b.error, b.completion, cost,
                                                 b.usage)
         if comp.generation_id is None and resp.headers.get("x-generation-id"):
             comp = replace(comp, generation_id=resp.headers["x-generation-id"])
-        return None, comp, cost_of(comp.usage, self.p.price), None
+        return None, comp, cost_of(comp.usage, self.p.price) if comp.usage else worst, None
 
     def _failure(self, v: Verdict, status: int | None = None, headers: Any = None, info: ErrorInfo | None = None,
                  comp: Completion | None = None, cost: float = 0.0,
-                 usage: dict[str, Any] | None = None) -> dict[str, Any]:
+                 usage: dict[str, Any] | None = None, worst_case: float | None = None) -> dict[str, Any]:
         """The journal entry of one failed attempt: what failed, who, what it cost, what came back."""
         secrets = (self.target.api_key,) if self.target.api_key else ()
         entry: dict[str, Any] = {"cause": v.cause, "detail": redact(v.detail[:500], secrets)}
@@ -335,6 +391,8 @@ class _Runner:
             entry["usage"] = usage
         if cost or usage is not None:
             entry["cost_usd"] = cost
+        if worst_case is not None:
+            entry["worst_case_usd"] = worst_case   # a lost answer, possibly billed: counted at its worst case
         return {k: x for k, x in entry.items() if x is not None}
 
     @staticmethod

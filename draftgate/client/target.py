@@ -1,18 +1,18 @@
-"""Where requests go: the backend from params -> a `Target` (base URL, key, headers).
+"""Where requests go: a remote backend from params -> a `Target` (base URL, key, headers).
 
-`backend: local` starts the local model server for the duration; `openrouter` and `openai` take
-the key from the environment variable `generate.api_key_env` names, and only from there.
+`openrouter` and `openai` take the key from the environment variable `generate.api_key_env`
+names, and only from there. `local` is not the client's business: the generate stage starts the
+local server (draftgate.serve) and hands the client a Target with the server's URL and identity.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from typing import Iterator
 from urllib.parse import urlsplit
 
 from draftgate.client.run import Target
+from draftgate.config import GenerateParams
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 
@@ -21,15 +21,10 @@ class TargetError(ValueError):
     """A backend that cannot be used as configured; the message says what to set."""
 
 
-@contextlib.contextmanager
-def target_for(params) -> Iterator[Target]:
-    gp = params.generate
+def target_for(gp: GenerateParams) -> Target:
     if gp.backend == "local":
-        from draftgate.serve.local import running
-
-        with running(params.serve) as base_url:
-            yield Target(base_url)
-        return
+        raise TargetError("backend local has no remote target: the generate stage starts the local server "
+                          "and builds its Target (stages/generate.py)")
     key = os.environ.get(gp.api_key_env) or None
     if gp.backend == "openrouter":
         if key is None:
@@ -38,13 +33,12 @@ def target_for(params) -> Iterator[Target]:
         headers = {"X-Title": gp.app_title}
         if gp.http_referer:
             headers["HTTP-Referer"] = gp.http_referer
-        yield Target(check_key_transport(gp.base_url or OPENROUTER_URL, key, gp.api_key_env), key, headers)
-        return
+        return Target(check_key_transport(gp.base_url or OPENROUTER_URL, key, gp.api_key_env), key, headers)
     if not gp.base_url:
         raise TargetError("generate.base_url is required for backend openai (e.g. http://host:8000/v1)")
     if key is None:
         print(f"generate: {gp.api_key_env} is not set; sending requests without an API key", file=sys.stderr)
-    yield Target(check_key_transport(gp.base_url, key, gp.api_key_env), key)
+    return Target(check_key_transport(gp.base_url, key, gp.api_key_env), key)
 
 
 def check_key_transport(base_url: str, key: str | None, env: str) -> str:
