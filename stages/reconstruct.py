@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.io import write_json, write_text
     from draftgate.metrics import StageMetrics
     from draftgate.official import official_template
-    from draftgate.reconstruct.contract import InputError, gate_passed, special_ids
+    from draftgate.reconstruct.inputs import InputError, gate_passed, special_ids
     from draftgate.reconstruct.core import Setup
     from draftgate.reconstruct.table import mismatch_report, plot_rows, reconstruct_files
     from draftgate.templates import TemplateError, get_template
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _rows(pq, path: Path, stage: str) -> int:
-    from draftgate.reconstruct.contract import InputError
+    from draftgate.reconstruct.inputs import InputError
 
     # A named error instead of pyarrow's traceback: which file, and which stage makes it.
     if not path.is_file():

@@ -2,10 +2,9 @@
 
 normalise (provider quirks) -> core (render, one batched encode, choose ids, classify, flags)
 -> table (Arrow in/out, billing over the whole table, mismatch report). prefix, logprobs,
-classify, flags, billing hold one concern each; contract checks the stage's trusted inputs.
+classify, flags, billing hold one concern each; inputs loads and re-checks the stage's trusted
+inputs (the contract's special ids, the upstream gate); request holds the providers' request rules.
+
+Nothing is imported here: the prompts stage uses draftgate.reconstruct.request alone, and its DVC
+deps list that file, not the whole package.
 """
-
-from draftgate.reconstruct.core import ReconstructError, Result, Setup, reconstruct
-from draftgate.reconstruct.table import mismatch_report, reconstruct_table
-
-__all__ = ["ReconstructError", "Result", "Setup", "mismatch_report", "reconstruct", "reconstruct_table"]
