@@ -99,6 +99,30 @@ def test_a_second_repro_is_a_no_op(small_repo):
     assert "up to date" in out.stdout
 
 
+def test_the_journal_stays_out_of_dvcs_cache_and_git_and_the_metrics_name_it(small_repo):
+    import hashlib
+
+    journal = small_repo / "data" / "responses" / "journal.jsonl"
+    data = journal.read_bytes()
+    m = json.loads((small_repo / "metrics" / "generate.json").read_text())
+    assert (m["journal_sha256"], m["journal_lines"]) == (hashlib.sha256(data).hexdigest(), 12)
+    md5 = hashlib.md5(data).hexdigest()
+    assert not [p for p in (small_repo / ".dvc" / "cache").rglob("*") if p.name == md5[2:]]
+    assert run(["git", "check-ignore", "-q", str(journal)], small_repo, check=False).returncode == 0
+
+
+def test_a_change_to_the_tokenizer_code_makes_generate_and_reconstruct_stale(small_repo):
+    code = small_repo / "draftgate" / "tokenizers.py"
+    original = code.read_text()
+    code.write_text(original + "\n# a fix to the SmolLM2 conversion\n")
+    try:
+        out = run(["dvc", "status"], small_repo).stdout
+    finally:
+        code.write_text(original)
+    for stage in ("contract", "prompts", "generate", "reconstruct"):
+        assert f"{stage}:" in out, out
+
+
 def test_a_corrupted_tokens_table_fails_its_gate(small_repo):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -12,6 +12,20 @@ of kind `exhausted` (retryable causes that ran out of attempts) and `stopped` (t
 
 Table rule: per prompt, among lines with its current request hash, the last `ok` line wins, else
 the last `failed` line: deterministic, and never two rows for one prompt.
+
+Old lines: a line whose request hash is not the current one (other params, another model build;
+client/request.py) is never resumed and never in the table, but it stays in the journal and its
+cost counts toward the budget, which bounds the whole journal (client/budget.py).
+
+Versioning. The journal only grows, so DVC does not cache it (`cache: false` beside `persist:
+true` in dvc.yaml): caching it would store a full copy per run, O(runs x lines) in the cache for a
+file whose new content is a few appended lines. What DVC versions is responses.parquet, built from
+it: every prompt's chosen line with its text, ids, usage, cost and request hash. The journal state
+that built a table is named in metrics/generate.json by `journal_sha256`, `journal_lines` and
+`journal_bytes` (git-tracked with params and dvc.lock, so `dvc metrics diff` shows it move), and
+dvc.lock records its hash too. It is git-ignored: it holds paid answers, to be backed up beside the
+DVC remote (copy it; `dvc push` does not carry an uncached output). Without it a rerun cannot
+resume and would pay again for what the table already holds.
 """
 
 from __future__ import annotations
