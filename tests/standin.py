@@ -1,7 +1,7 @@
 """A Kimi-K2-shaped stand-in tokenizer for tests: Kimi's real tokenizer files can't be fetched here.
 
 Test code, not library code: it is the one place that writes Kimi's special ids as literals, to
-place them where the real tokenizer has them (FACTS.md; the real tokenizer_config is the authority).
+place them where the real tokenizer has them (docs/tokenizers.md; the real tokenizer_config is the authority).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from draftgate import cache
 from draftgate import tokenizers as tk
 
-# Kimi-K2 / K2.5 special tokens at their real ids (FACTS.md; the tokenizer_config of the real
+# Kimi-K2 / K2.5 special tokens at their real ids (docs/tokenizers.md; the tokenizer_config of the real
 # model is the authority, the stand-in only mirrors it). Kimi reserves 256 ids after its BPE ranks.
 KIMI_FIRST_SPECIAL_ID = 163584
 KIMI_N_SPECIAL = 256
@@ -32,7 +32,7 @@ def kimi_standin(base: tk.Tokenizer) -> tk.Tokenizer:
     Ids between Qwen3's last rank and Kimi's first special id are ordinary filler pieces that no
     text can produce (like real Kimi, an id such as 163533 is an ordinary token there: "chas" on
     Kimi, "<kimi-standin-163533>" here). The 256 reserved ids are special added tokens: Kimi's
-    names where FACTS.md knows them, <|reserved_token_N|> elsewhere. Not a pipeline kind: nothing
+    names where docs/tokenizers.md lists them, <|reserved_token_N|> elsewhere. Not a pipeline kind: nothing
     real is ever tokenized with it.
     """
     if base.kind != "qwen3":

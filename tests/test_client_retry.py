@@ -1,4 +1,4 @@
-"""Retry classification per FACTS.md, backoff with jitter, Retry-After, and the 429 pause."""
+"""Retry classification per docs/openrouter.md, backoff with jitter, Retry-After, and the 429 pause."""
 
 from __future__ import annotations
 

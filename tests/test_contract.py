@@ -6,7 +6,7 @@ from draftgate.config import ContractParams
 from draftgate.contract import ContractError, check_contract, main, template_special_names
 
 # DeepSeek-V4 has no template here (draftgate.templates refuses it); these are the reasoning and
-# tool-call names its tokenizer carries (FACTS.md).
+# tool-call names its tokenizer carries (docs/tokenizers.md).
 DEEPSEEK_NAMES = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
                   "<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
                   "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"]

@@ -1,6 +1,6 @@
 """Reconstruction end to end on rows built from small dicts, with the real tokenizers.
 
-Goldens are written as the model's own text (FACTS.md formats) and encoded by the tokenizer's
+Goldens are written as the model's own text (docs/templates.md formats) and encoded by the tokenizer's
 full-string encode with special tokens parsed: an independent path from the structural one
 under test. Truth ids are those goldens unless a test says otherwise.
 """
@@ -118,7 +118,7 @@ def test_chatml_smollm2_content_only_reconstructs_exactly(smollm2_tok):
 # ---------------------------------------------------------------- classification
 
 def test_a_non_canonical_split_of_the_same_text_is_bpe_only_with_first_diff_and_context(qwen3_tok):
-    # FACTS.md: sampling produced " Pantom" as [53122, 316]; re-encoding gives [393, 30002].
+    # docs/tokenizers.md: sampling produced " Pantom" as [53122, 316]; re-encoding gives [393, 30002].
     assert qwen3_tok.encode_ordinary(" Pantom") == [393, 30002]
     truth = qwen3_tok.encode("Hi") + [53122, 316] + qwen3_tok.encode("<|im_end|>")
     row, _ = one(qwen3_tok, setup_for(qwen3_tok, "qwen3", False),

@@ -5,7 +5,7 @@ A completion is drawn as token ids from the real Qwen3 vocabulary around the tem
 tokens (think block, tool calls, end token), canonical or not. A simulated provider decodes it,
 splits reasoning / content / tool calls the way serving parsers do, and applies quirks. The
 oracle is independent of the code under test: it writes the provider's view back in the format
-FACTS.md documents and compares bytes with what the model produced.
+docs/templates.md documents and compares bytes with what the model produced.
 """
 
 from __future__ import annotations

@@ -265,7 +265,7 @@ def test_encode_segments_names_a_special_missing_from_the_contract(qwen3_tok):
 
 
 def test_text_boundaries_merge_so_merge_text_joins_adjacent_text(qwen3_tok):
-    # ("foo", "bar") -> 7975, 2257 apart but 50267 joined (FACTS.md): segments must be canonical.
+    # ("foo", "bar") -> 7975, 2257 apart but 50267 joined (docs/tokenizers.md): segments must be canonical.
     assert merge_text([Text("foo"), Text(""), Text("bar"), Special("<think>")]) == [Text("foobar"), Special("<think>")]
     assert encode_segments(qwen3_tok, [[Text("foobar")]], {}) == [[50267]]
 

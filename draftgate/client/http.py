@@ -1,7 +1,7 @@
 """HTTP for thousands of requests in flight: an httpx transport over one aiohttp connection pool.
 
 Measured here (2 cores shared with other work, scripted server answering in 0-0.2 s, 2,000 in
-flight, 6,000 requests): httpx's own pool ~55 req/s (FACTS.md); `httpx.AsyncClient` over
+flight, 6,000 requests): httpx's own pool ~55 req/s (docs/openrouter.md); `httpx.AsyncClient` over
 `httpx_aiohttp.AiohttpTransport` ~1,100; that transport called directly ~2,300; bare aiohttp ~0.33 ms
 CPU a request. So requests and responses are real `httpx.Request` / `httpx.Response` objects and
 `AiohttpTransport` plugs into `httpx.AsyncClient(transport=...)`, but the hot path

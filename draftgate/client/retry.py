@@ -1,6 +1,6 @@
 """What to do after one attempt: retry (and how long to wait), give up on the prompt, or stop the run.
 
-Policy (FACTS.md "OpenRouter chat completions"):
+Policy (docs/openrouter.md, "Errors and retries"):
 - 400, 403 (moderation): final for that prompt; rerunning will not change the answer.
 - 401, 402 credits/key limit, 403 with a budget `limit_source`: stop the whole run; every other
   prompt would fail the same way. Rerun after fixing the key or adding credits.

@@ -1,7 +1,7 @@
 """Provider normalisation: one response row -> the completion the model produced, as parts.
 
 Providers hand back the model's output cut into `reasoning`, `content` and `tool_calls`, each
-with their own quirks (FACTS.md, OpenRouter). This module undoes the quirks it can undo exactly,
+with their own quirks (docs/openrouter.md). This module undoes the quirks it can undo exactly,
 names every one it applied, and quarantines (with a reason code) what cannot be exact:
 summarised or encrypted reasoning, tool arguments that arrived as parsed JSON instead of the
 verbatim string, unparseable tool-call arrays, failed requests.

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 RETRYABLE_FAULTS = (
     "http_408", "http_429", "http_500", "http_502", "http_503", "http_402_inflight",
     "reset", "timeout", "error_body", "empty_output", "finish_error", "malformed_json",
-    # Seen in real OpenRouter traffic (FACTS.md): junk in a billed 200, provider-named 429s, paid errors.
+    # Seen in real OpenRouter traffic (docs/openrouter.md): junk in a billed 200, provider-named 429s, paid errors.
     "leaked_error_body", "content_parts_json", "content_parts_python", "http_429_provider",
     "error_body_paid", "http_502_paid",
 )
