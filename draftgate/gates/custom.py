@@ -77,6 +77,19 @@ def _described(rc: RendererConfiguration, params: tuple, template_str: str) -> R
     return rc
 
 
+def _between(value: Optional[float], bounds: Any) -> dict:
+    """The verdict on a figure and the expectation's [min_value, max_value] (strict_*: exclusive).
+
+    An undefined figure (an empty table, a zero denominator) fails, as GX's built-ins do.
+    """
+    if value is None or value != value:
+        return {"success": False, "result": {"observed_value": None}}
+    lo, hi = bounds.min_value, bounds.max_value
+    above = lo is None or (value > lo if bounds.strict_min else value >= lo)
+    below = hi is None or (value < hi if bounds.strict_max else value <= hi)
+    return {"success": above and below, "result": {"observed_value": value}}
+
+
 def _require_a_bound(values: dict) -> dict:
     lo, hi = values.get("min_value"), values.get("max_value")
     if lo is None and hi is None:
@@ -143,9 +156,7 @@ class ExpectColumnValueFractionBetween(ColumnAggregateExpectation):
                          + _bounds_text(kw.get("min_value"), kw.get("max_value")) + ".", kw)
 
     def _validate(self, metrics: dict, runtime_configuration: Optional[dict] = None, execution_engine=None):
-        return self._validate_metric_value_between(
-            metric_name="column.value_fraction", metrics=metrics,
-            runtime_configuration=runtime_configuration, execution_engine=execution_engine)
+        return _between(metrics.get("column.value_fraction"), self)
 
 
 # ------------------------------------------------------------ sum ratio of two columns
@@ -205,9 +216,7 @@ class ExpectColumnSumRatioBetween(BatchExpectation):
                          + _bounds_text(kw.get("min_value"), kw.get("max_value")) + ".", kw)
 
     def _validate(self, metrics: dict, runtime_configuration: Optional[dict] = None, execution_engine=None):
-        return self._validate_metric_value_between(
-            metric_name="table.column_sum_ratio", metrics=metrics,
-            runtime_configuration=runtime_configuration, execution_engine=execution_engine)
+        return _between(metrics.get("table.column_sum_ratio"), self)
 
 
 # ------------------------------------------------------------ chat roles in JSON messages
