@@ -1,7 +1,13 @@
-"""A gate's result: each GX outcome as a bounded JSON entry; the file the next stage reads.
+"""A gate's two files: the full result for review, and the metric DVC shows and the next stage reads.
 
-The stage after a gate refuses to run unless the gate passed (require_passed). DVC already orders
-the stages (the result file is a dep); this check also stops a stage run by hand, or by
+The result (`--result`, data/gates/<suite>.details.json) holds everything the gate saw: each check
+with its kwargs, meta, observed value and a sample of unexpected values, the suite's view, the
+inputs' fingerprints. The metric (`--metric`, data/gates/<suite>.json) holds numbers only, so
+`dvc metrics show` stays a readable table: the verdict, how many checks ran and failed, the rows
+validated, each aggregate check's observed figure and each failing map check's unexpected count.
+
+The stage after a gate refuses to run unless the gate passed (require_passed, on the metric). DVC
+already orders the stages (the metric is a dep); this check also stops a stage run by hand, or by
 `dvc repro --single-item`, on data its gate rejected.
 """
 
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,14 +83,70 @@ def failure_line(i: int, e: dict) -> str:
     return f"  FAIL [{i}] {e['type']}({args}): {what}"
 
 
+# ------------------------------------------------------------ the metric
+
+def metric(result: dict) -> dict:
+    """The numbers of a result: what `dvc metrics show` prints for the gate (no text, no lists).
+
+        {"success": false, "checks": 22, "failed": 1, "rows": 118,
+         "observed": {"quarantine_rate": {"max": 0.0}, "table": {"row_count": 118}},
+         "unexpected": {"special_id_in_text": {"to_be_null": 3}}}
+    """
+    if "statistics" not in result:     # no verdict: a missing input, a bad suite
+        return {"success": False, "no_verdict": True}
+    observed: dict[str, dict] = {}
+    unexpected: dict[str, dict] = {}
+    for e in result["expectations"]:
+        subject = _subject(e["kwargs"])
+        value = e.get("observed_value")
+        if _number(value):
+            _put(observed, subject, _figure(e["type"]), value)
+        elif e.get("unexpected_count"):
+            _put(unexpected, subject, _check(e["type"]), e["unexpected_count"])
+    stats = result["statistics"]
+    return {"success": bool(result["success"]), "checks": stats["evaluated"], "failed": stats["unsuccessful"],
+            "rows": result["rows"], "observed": observed, "unexpected": unexpected}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not (isinstance(value, float) and not math.isfinite(value))
+
+
+def _subject(kwargs: dict) -> str:
+    if isinstance(kwargs.get("column"), str):
+        return kwargs["column"]
+    pair = [kwargs.get(k) for k in ("column_A", "column_B")]
+    return "_".join(pair) if all(isinstance(c, str) for c in pair) else "table"
+
+
+def _figure(type_: str) -> str:
+    """expect_column_max_to_be_between -> max; expect_table_row_count_to_be_between -> row_count."""
+    name = re.sub(r"^expect_(?:column_|table_)?", "", type_)
+    return re.sub(r"_(?:to_(?:be|equal|match)\w*|between)$", "", name) or name
+
+
+def _check(type_: str) -> str:
+    """expect_column_values_to_be_null -> to_be_null; ..._json_roles_valid -> json_roles_valid."""
+    return re.sub(r"^expect_(?:column_(?:pair_)?values_|table_)?", "", type_)
+
+
+def _put(into: dict, subject: str, name: str, value: Any) -> None:
+    figures = into.setdefault(subject, {})
+    key, n = name, 1
+    while key in figures:     # the same figure twice on one column (two fractions of different values)
+        n += 1
+        key = f"{name}_{n}"
+    figures[key] = value
+
+
 # ------------------------------------------------------------ the next stage
 
 class GateNotPassed(ValueError):
-    """The gate's result file is missing, unreadable, or says the suite failed."""
+    """The gate's metric is missing, unreadable, or says the suite failed."""
 
 
 def require_passed(path: str | Path, gate: str, then: str) -> None:
-    """Raise unless `path` (written by `draftgate validate`) records success.
+    """Raise unless `path` (the metric written by `draftgate validate --metric`) records success.
 
     `gate` names the gate stage (e.g. gate_prompts); `then` says what to fix before rerunning.
     """
@@ -95,5 +158,7 @@ def require_passed(path: str | Path, gate: str, then: str) -> None:
         raise GateNotPassed(f"{path}: not JSON ({e}); rerun `dvc repro` ({gate})") from None
     success = result.get("success") if isinstance(result, dict) else None
     if success is not True:
-        raise GateNotPassed(f"{path}: {gate} did not pass (success: {success!r}); {then} "
+        counts = (f", {result['failed']} of {result['checks']} checks failed"
+                  if isinstance(result, dict) and {"failed", "checks"} <= result.keys() else "")
+        raise GateNotPassed(f"{path}: {gate} did not pass (success: {success!r}{counts}); {then} "
                             "(the gate's result file and the Data Docs list every failed check)")

@@ -1,15 +1,15 @@
-"""`draftgate validate`: a plain-JSON suite -> GX validation -> result JSON + Data Docs.
+"""`draftgate validate`: a plain-JSON suite -> GX validation -> metric + result JSON + Data Docs.
 
-    draftgate validate SUITE ARTIFACT [--input NAME=PATH ...] [--result FILE]
+    draftgate validate SUITE ARTIFACT [--input NAME=PATH ...] [--metric FILE] [--result FILE]
                        [--params params.yaml] [--docs reports/data_docs | --no-docs] [--keep-runs N]
 
 SUITE is a name (`tokens` runs expectations/tokens.json) or the path of a suite file.
 
 Exit 0 when every expectation passes; 1 when any fails (each failure printed on one line with
 its observed value); 2 when there is no verdict: a missing or unreadable input, a bad suite, an
-unknown $PARAMETER. The result file is written in all three cases and holds no timestamps or
-timings, so an unchanged artifact gives a byte-identical file (it is a DVC metric and a dep of
-the next stage).
+unknown $PARAMETER. The metric (numbers only: a DVC metric and a dep of the next stage) and the
+result (everything the gate saw, for review) are written in all three cases and hold no
+timestamps or timings, so an unchanged artifact gives byte-identical files.
 
 The suite format is in suite.py. Only the columns the suite reads are loaded (table.py): a tokens
 table's id lists are never materialised unless a check reads them.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftgate.gates.docs import KEEP_RUNS
-from draftgate.gates.result import expectation_entry, failure_line, short
+from draftgate.gates.result import expectation_entry, failure_line, metric, short
 from draftgate.gates.suite import (
     SUITES_DIR,
     GateError,
@@ -137,22 +137,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      "its input name defaults to the suite name")
     ap.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
                     help="another named input for the suite's view (repeatable)")
-    ap.add_argument("--result", help="write the result JSON here (a DVC metric)")
+    ap.add_argument("--metric", help="write the verdict and its figures here, numbers only (a DVC metric)")
+    ap.add_argument("--result", help="write the full result here: every check with its kwargs, meta, observed "
+                                     "value and unexpected sample, the view, the inputs' fingerprints")
     ap.add_argument("--suites", default=SUITES_DIR, help=f"where named suites live (default: {SUITES_DIR})")
     ap.add_argument("--params", default="params.yaml", help="params file for $PARAMETER (default: params.yaml)")
     ap.add_argument("--docs", default="reports/data_docs", help="Data Docs site shared by all gates")
     ap.add_argument("--no-docs", action="store_true", help="skip the Data Docs update")
     ap.add_argument("--keep-runs", type=int, default=KEEP_RUNS, metavar="N",
                     help=f"validation results kept per suite in the Data Docs, newest first (default: {KEEP_RUNS})")
-    ap.add_argument("--timings", help="write the run's phase timings (seconds) here; kept out of --result, "
+    ap.add_argument("--timings", help="write the run's phase timings (seconds) here; kept out of --metric and --result, "
                                       "which must not change between runs on the same data")
     return ap.parse_args(argv)
 
 
 def no_verdict(args: argparse.Namespace, message: str) -> int:
     print(f"draftgate validate: {message}", file=sys.stderr)
+    failed = {"suite_file": args.suite, "success": False, "error": message}
     if args.result:
-        write_json(args.result, {"suite_file": args.suite, "success": False, "error": message})
+        write_json(args.result, failed)
+    if args.metric:
+        write_json(args.metric, metric(failed))
     return 2
 
 
@@ -182,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         return no_verdict(args, f"internal error, please report: {type(e).__name__}: {e}")
     if args.result:
         write_json(args.result, run.result)
+    if args.metric:
+        write_json(args.metric, metric(run.result))
     if args.timings:
         write_json(args.timings, run.timings)
     r, t = run.result, run.timings
@@ -194,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     for i, e in enumerate(r["expectations"]):
         if not e["success"]:
             print(failure_line(i, e))
-    if args.result:
-        print(f"  result: {args.result}")
+    for path in (args.metric, args.result):
+        if path:
+            print(f"  wrote {path}")
     if run.page:
         print(f"  data docs: {run.page}")
     for line in run.remote:

@@ -1,0 +1,42 @@
+"""Stage metrics: the numbers in metrics/<stage>.json (a DVC metric), every word in the details beside it."""
+
+from __future__ import annotations
+
+import json
+
+from draftgate.metrics import StageMetrics, details_path, numbers
+
+
+def a_stage() -> StageMetrics:
+    m = StageMetrics("reconstruct", rows_in=4, rows_out=2,
+                     params={"reconstruct": {"method": "auto", "request_rules": ["kimi"]}, "seed": 0},
+                     figures={"match": {"exact": 1, "unknown": 1}, "mismatch_rate": 0.5, "ok": True,
+                              "stop_reason": None, "template": "chatml", "nan_rate": float("nan"),
+                              "quarantine_examples": {"reasoning_encrypted": "p2: a long answer ..."},
+                              "billing": {"by_provider": {"local": {"rows": 2, "completion": "counts_end"}}},
+                              "normalisations": {}, "probe_pairs": [["a", "b"]]})
+    m.drop("reasoning_encrypted")
+    m.drop("response_failed:http_500")
+    return m
+
+
+def test_the_metric_file_holds_the_numbers_and_the_details_file_everything(tmp_path):
+    path = tmp_path / "metrics" / "reconstruct.json"
+
+    a_stage().write(path)
+
+    assert json.loads(path.read_text()) == {
+        "rows_in": 4, "rows_out": 2, "dropped": 2,
+        "drops_by_reason": {"reasoning_encrypted": 1, "response_failed:http_500": 1},
+        "match": {"exact": 1, "unknown": 1}, "mismatch_rate": 0.5, "ok": True,
+        "billing": {"by_provider": {"local": {"rows": 2}}}, "normalisations": {}}
+    details = json.loads(details_path(path).read_text())
+    assert details_path(path).name == "reconstruct.details.json"
+    assert details["params"]["reconstruct"]["request_rules"] == ["kimi"] and details["template"] == "chatml"
+    assert details["quarantine_examples"] == {"reasoning_encrypted": "p2: a long answer ..."}
+    assert details["stage"] == "reconstruct" and details["rows_out"] == 2
+
+
+def test_numbers_keep_an_empty_count_and_drop_objects_of_text_only():
+    assert numbers({"drops_by_reason": {}, "official": {"source": "x.gguf"}, "n": 3, "xs": [1, 2], "none": None}) \
+        == {"drops_by_reason": {}, "n": 3}
