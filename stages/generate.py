@@ -7,8 +7,8 @@ The journal (`<out>/journal.jsonl`) is append-only and survives reruns: finished
 skipped, so a crashed or stopped run resumes where it was. `generate.budget_usd` bounds the whole
 journal, every run together (draftgate/client/budget.py). With `backend: local` this stage starts
 the local server (draftgate.serve) for the run and passes its identity (weights, tokenizer,
-template fingerprints) into every request hash. The journal's sha256 and line count go into the
-metrics: DVC versions the table, not the journal (draftgate/client/journal.py says why).
+template fingerprints) into every request hash. The journal's line count, size and sha256 go into
+the metrics: DVC versions the table, not the journal (draftgate/client/journal.py says why).
 
 Exit 0 when every prompt in scope was attempted or the budget ran out (the responses gate judges
 completeness); 1 when the run stopped on 401 / credits (journal, table and metrics are still

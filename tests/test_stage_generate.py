@@ -41,6 +41,11 @@ def workspace(tmp: Path, n: int, gate_ok: bool = True, **generate_params) -> dic
             "gate": str(tmp / "gate.json"), "out": str(tmp / "responses"), "metrics": str(tmp / "metrics.json")}
 
 
+def details(paths: dict[str, str]) -> dict:
+    """Everything the stage recorded, text included (the metric beside it holds the numbers)."""
+    return json.loads(Path(paths["metrics"]).with_name("metrics.details.json").read_text())
+
+
 def argv(paths: dict[str, str]) -> list[str]:
     return [x for k in ("params", "prompts", "gate", "out", "metrics") for x in (f"--{k}", paths[k])]
 
@@ -106,8 +111,8 @@ def test_a_401_exits_non_zero_with_a_clear_message_and_writes_journal_table_and_
                           api_key_env="DRAFTGATE_TEST_KEY", concurrency=2, **PAID)
         assert generate.main(argv(paths)) == 1
     assert "auth_401" in capsys.readouterr().err
-    metrics = json.loads(Path(paths["metrics"]).read_text())
-    assert metrics["stop_reason"] == "auth_401" and metrics["rows_out"] == 0
+    assert details(paths)["stop_reason"] == "auth_401"
+    assert json.loads(Path(paths["metrics"]).read_text())["rows_out"] == 0
     table = pq.read_table(Path(paths["out"]) / "responses.parquet")
     assert Counter(table.column("failure_reason").to_pylist()) == {"auth_401": 2, "unsent_auth_401": 8}
 
@@ -141,7 +146,7 @@ def test_metrics_report_truncations_retries_providers_and_rates(tmp_path):
     assert m["providers"] == {"Prov": 2, "Scripted": 3}
     assert m["spent_usd"] == pytest.approx(1.0 + 3 * 0.0001)
     assert m["rows_in"] == m["rows_out"] == 5 and m["requests_per_s"] > 0
-    assert m["params"]["backend"] == "openai"
+    assert details(paths)["params"]["backend"] == "openai"
 
 
 def test_backend_local_starts_the_local_server_and_keeps_its_token_ids_as_truth(tmp_path, monkeypatch):
@@ -209,7 +214,7 @@ def test_reruns_of_the_stage_share_one_budget_and_the_stop_says_the_total_and_ho
     assert "set generate.budget_usd to at least $0.0060" in err
     m = json.loads(Path(paths["metrics"]).read_text())
     assert (m["spent_usd"], m["journal_spent_usd"], m["budget_usd"]) == (0.0, 0.002, 0.0025)
-    assert m["stop_reason"] == "budget" and m["drops_by_reason"] == {"unsent_budget": 4}
+    assert details(paths)["stop_reason"] == "budget" and m["drops_by_reason"] == {"unsent_budget": 4}
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -236,5 +241,5 @@ def test_metrics_name_the_journal_by_sha256_and_line_count(tmp_path):
         assert generate.main(argv(paths)) == 0
     journal = (Path(paths["out"]) / "journal.jsonl").read_bytes()
     m = json.loads(Path(paths["metrics"]).read_text())
-    assert m["journal_sha256"] == hashlib.sha256(journal).hexdigest()
-    assert (m["journal_lines"], m["journal_bytes"]) == (4, len(journal))
+    assert (m["journal_lines"], m["journal_bytes"]) == (4, len(journal))          # the DVC metric: numbers
+    assert details(paths)["journal_sha256"] == hashlib.sha256(journal).hexdigest()  # text: beside it

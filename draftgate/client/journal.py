@@ -21,9 +21,9 @@ Versioning. The journal only grows, so DVC does not cache it (`cache: false` bes
 true` in dvc.yaml): caching it would store a full copy per run, O(runs x lines) in the cache for a
 file whose new content is a few appended lines. What DVC versions is responses.parquet, built from
 it: every prompt's chosen line with its text, ids, usage, cost and request hash. The journal state
-that built a table is named in metrics/generate.json by `journal_sha256`, `journal_lines` and
-`journal_bytes` (git-tracked with params and dvc.lock, so `dvc metrics diff` shows it move), and
-dvc.lock records its hash too. It is git-ignored: it holds paid answers, to be backed up beside the
+that built a table is named by `journal_lines` and `journal_bytes` in metrics/generate.json (so
+`dvc metrics diff` shows it move) and by `journal_sha256` in metrics/generate.details.json beside
+it (both git-tracked with params and dvc.lock); dvc.lock records its hash too. It is git-ignored: it holds paid answers, to be backed up beside the
 DVC remote (copy it; `dvc push` does not carry an uncached output). Without it a rerun cannot
 resume and would pay again for what the table already holds.
 """
