@@ -3,8 +3,9 @@
     suite.py     the suite file -> Suite; $PARAMETER from params.yaml; the columns it reads
     table.py     named inputs -> only those columns -> the pandas frame GX validates
     custom.py    the custom expectations (registered with GX when imported)
-    gx.py        GX itself, through its public API: context, validation, Data Docs
-    result.py    the result and metric files; require_passed() for the stage after a gate
+    gx.py        GX itself, through its public API: context, validation, Data Docs, pruning old runs
+    docs.py      the Data Docs offline: pages load the vendored assets/ instead of CDNs
+    result.py    the metric (numbers) and result (everything) files; require_passed() for the next stage
     validate.py  run_gate() and `draftgate validate`
 
 Nothing is imported here: a stage that only reads a gate's verdict imports draftgate.gates.result
