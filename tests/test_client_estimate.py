@@ -54,3 +54,9 @@ def test_a_missing_prompts_file_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "prompts.parquet").unlink()
     assert cli.main(args) == 2
     assert "run the prompts stage first" in capsys.readouterr().err
+
+
+def test_it_warns_when_the_generate_stage_would_refuse_the_budget(tmp_path, capsys):
+    args = setup(tmp_path, {"kind": "qwen3"}, budget_usd=0)
+    assert cli.main(args + ["--no-tokenizer"]) == 0
+    assert "will refuse these params: generate.budget_usd is 0 (no budget)" in capsys.readouterr().err

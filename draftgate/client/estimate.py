@@ -87,7 +87,8 @@ def render(e: Estimate) -> str:
         ("completion tokens", f"{e.completion_tokens_typical:,} typical ({e.fill:.0%} fill) / "
                               f"{e.completion_tokens_max:,} max"),
         ("cost", f"${e.cost_usd_typical:,.2f} typical / ${e.cost_usd_max:,.2f} max"
-                 + (f"  (budget ${e.budget_usd:,.2f})" if e.budget_usd else "  (no budget set)")),
+                 + (f"  (budget ${e.budget_usd:,.2f} for the whole journal, every run)" if e.budget_usd
+                    else "  (no budget set)")),
         ("wall time", f"{e.wall_s_typical / 60:,.1f} min typical / {e.wall_s_max / 60:,.1f} min max "
                       f"at {e.concurrency:,} in flight, assuming {e.ttft_s:g} s to first token and "
                       f"{e.decode_tok_s:g} tok/s per request (--ttft-s, --decode-tok-s; a local CPU "
@@ -95,8 +96,8 @@ def render(e: Estimate) -> str:
     ]
     text = "\n".join(f"{k:<18} {v}" for k, v in rows)
     if e.budget_usd and e.cost_usd_max > e.budget_usd:
-        text += (f"\nnote: the worst case exceeds the budget; the run will stop when the budget cannot "
-                 f"cover the next request (raise generate.budget_usd or lower max_tokens)")
+        text += ("\nnote: the worst case exceeds the budget; the run will stop when the budget cannot "
+                 "cover the next request (raise generate.budget_usd or lower max_tokens)")
     return text
 
 
@@ -128,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             why_not = f"{type(e).__name__}: {str(e)[:120]}"
     e = estimate(prompts, params.generate, tokenizer, why_not, a.fill, a.ttft_s, a.decode_tok_s)
     print(json.dumps(asdict(e), indent=2) if a.json else render(e))
+    from draftgate.client.budget import budget_problem
+
+    problem = budget_problem(params.generate)
+    if problem:
+        print(f"draftgate estimate: the generate stage will refuse these params: {problem}", file=sys.stderr)
     return 0
 
 
