@@ -76,7 +76,7 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
             settled, summary = first.settle(billing_params or BillingParams(), on_billing_mismatch)
             with atomic_path(out_path) as tmp, pq.ParquetWriter(tmp, schema.tokens()) as w:
                 offset = 0
-                for batch in pq.ParquetFile(part).iter_batches(batch_size=64 * chunk):
+                for batch in pq.ParquetFile(part, pre_buffer=False).iter_batches(batch_size=8 * chunk):
                     t = _with_settled(_table(batch), settled, offset)
                     w.write_table(t)
                     offset += t.num_rows
