@@ -38,17 +38,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate import client
-    from draftgate.client.journal import read_journal
+    from draftgate.client.request import build_body, request_hash
+    from draftgate.client.table import PromptFile, write_responses
     from draftgate.client.target import TargetError, target_for
     from draftgate.config import ParamsError, as_dict, load_params
     from draftgate.gates.result import GateNotPassed, require_passed
-    from draftgate.io import write_parquet
     from draftgate.metrics import StageMetrics
 
     try:
         params = load_params(args.params)
         require_passed(args.gate, "gate_prompts", "fix the prompts before generating")
-        prompts = client.select(client.read_prompts(args.prompts), params.generate.limit)
+        # Streamed from prompts.parquet (twice in the run, once for the table): bounded memory.
+        prompts = PromptFile(args.prompts, params.generate.limit)
         gp = params.generate
         if gp.budget_usd > 0 and gp.price.free:
             print("generate: budget_usd is set but generate.price is zero: worst cases cannot be "
@@ -61,16 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stages.generate: {e}", file=sys.stderr)
         return 2
 
-    table = client.responses_table(prompts, result.hashes, read_journal(journal).records, result.stop_reason)
-    write_parquet(out / "responses.parquet", table)
+    def hash_of(p: Any) -> str:
+        return request_hash(build_body(p, gp), gp.backend, t.identity)
+    stats = write_responses(out / "responses.parquet", prompts, hash_of, journal, result.stop_reason)
     metrics = StageMetrics("generate", rows_in=len(prompts), params=as_dict(gp))
-    status = table.column("status").to_pylist()
-    metrics.rows_out = status.count("ok")
-    for reason in table.column("failure_reason").to_pylist():
-        if reason is not None:
-            metrics.drop(reason)
+    metrics.rows_out = stats.ok
+    for reason, n in sorted(stats.failure_reasons.items()):
+        metrics.drop(reason, n)
     metrics.figures.update(result.figures())
-    metrics.figures["table_cost_usd"] = round(sum(c or 0.0 for c in table.column("cost_usd").to_pylist()), 6)
+    metrics.figures["table_cost_usd"] = round(stats.cost_usd, 6)
     metrics.figures.update(journal_figures(journal))
     metrics.write(args.metrics)
     budget = f" of ${gp.budget_usd:.4f}" if gp.budget_usd else ""

@@ -31,6 +31,7 @@ resume and would pay again for what the table already holds.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -96,6 +97,106 @@ def latest(records: list[dict[str, Any]], hashes: dict[str, str]) -> dict[str, d
             continue
         (ok if rec["status"] == "ok" else failed)[pid] = rec
     return {**failed, **ok}
+
+
+class JournalIndex:
+    """Where each prompt's lines are, without holding them: ~40 bytes a line, for resume and for
+    building the table in bounded memory (a million-line journal: ~40 MB, not its gigabytes).
+
+    One streaming pass parses every line once and keeps, per line, 64-bit digests of its prompt id
+    and request hash, its status, whether it is done (the resume rule above), and its byte range.
+    `chosen(prompt_id, request_hash)` applies the table rule (last ok, else last failed, current
+    hash only) to that prompt's few lines; `read` parses the chosen line from the file.
+    """
+
+    def __init__(self) -> None:
+        from array import array
+
+        self.spent_usd = 0.0
+        self.torn_tail = False
+        self.bad_lines: list[int] = []
+        self.records = 0
+        self._cols = {name: array(code) for name, code in
+                      (("key", "Q"), ("hash", "Q"), ("ok", "b"), ("done", "b"), ("off", "q"), ("len", "q"))}
+
+    @classmethod
+    def scan(cls, path: str | Path, cost: Any = None) -> JournalIndex:
+        """`cost(record) -> float`: what a line cost (budget.line_cost), summed into spent_usd."""
+        idx = cls()
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            return idx._sorted()
+        with f:
+            off = 0
+            for n, line in enumerate(f, start=1):
+                whole = line.endswith(b"\n")
+                body = line[:-1] if whole else line
+                rec = _parse(body) if body else None
+                if rec is not None:
+                    idx._add(rec, off, len(body))
+                    if cost is not None:
+                        idx.spent_usd += cost(rec)
+                elif body and whole:
+                    idx.bad_lines.append(n)   # a torn fragment of an earlier crash, terminated since
+                elif body:
+                    idx.torn_tail = True      # a torn tail that parses lost only its newline: a record
+                off += len(line)
+        return idx._sorted()
+
+    def _add(self, rec: dict[str, Any], off: int, length: int) -> None:
+        c = self._cols
+        c["key"].append(digest64(rec["prompt_id"]))
+        c["hash"].append(digest64(rec.get("request_hash") or ""))
+        c["ok"].append(rec["status"] == "ok")
+        c["done"].append(is_done(rec))
+        c["off"].append(off)
+        c["len"].append(length)
+        self.records += 1
+
+    def _sorted(self) -> JournalIndex:
+        import numpy as np
+
+        cols = {k: np.frombuffer(v, dtype=v.typecode if v.typecode != "b" else np.int8) if len(v) else
+                np.zeros(0, dtype=np.int64) for k, v in self._cols.items()}
+        order = np.lexsort((np.arange(len(cols["key"])), cols["key"]))   # by prompt, then line order
+        self._cols = {k: v[order] for k, v in cols.items()}
+        return self
+
+    def _line(self, prompt_id: str, request_hash: str) -> int | None:
+        import numpy as np
+
+        c = self._cols
+        k = np.uint64(digest64(prompt_id))
+        lo, hi = np.searchsorted(c["key"], k, "left"), np.searchsorted(c["key"], k, "right")
+        h = digest64(request_hash)
+        ok = failed = None
+        for i in range(int(lo), int(hi)):
+            if int(c["hash"][i]) == h:
+                if c["ok"][i]:
+                    ok = i
+                else:
+                    failed = i
+        return ok if ok is not None else failed
+
+    def chosen(self, prompt_id: str, request_hash: str) -> tuple[int, int] | None:
+        """(offset, length) of the line that represents the prompt, or None."""
+        i = self._line(prompt_id, request_hash)
+        return None if i is None else (int(self._cols["off"][i]), int(self._cols["len"][i]))
+
+    def done(self, prompt_id: str, request_hash: str) -> bool:
+        i = self._line(prompt_id, request_hash)
+        return i is not None and bool(self._cols["done"][i])
+
+    @staticmethod
+    def read(f: Any, where: tuple[int, int]) -> dict[str, Any]:
+        f.seek(where[0])
+        return json.loads(f.read(where[1]))
+
+
+def digest64(text: str) -> int:
+    # 64 bits of blake2b: an index key, always confirmed by the request hash's own 64 bits.
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def is_done(rec: dict[str, Any]) -> bool:

@@ -28,11 +28,11 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from draftgate.client.budget import Budget, budget_problem, cost_of, journal_cost, worst_case
+from draftgate.client.budget import Budget, budget_problem, cost_of, line_cost, worst_case
 from draftgate.client.http import ChatClient
-from draftgate.client.journal import Journal, is_done, latest, read_journal
+from draftgate.client.journal import Journal, JournalIndex
 from draftgate.client.progress import Progress
 from draftgate.client.request import Prompt, build_body, encode_body, request_hash
 from draftgate.client.redact import redact
@@ -136,44 +136,62 @@ def run(prompts: list[Prompt], params: GenerateParams, target: Target, journal_p
     return asyncio.run(run_async(prompts, params, target, journal_path, policy, progress, seed))
 
 
-def budget_line(params: GenerateParams, spent: float, todo: list[Prompt]) -> str:
+def budget_line(params: GenerateParams, spent: float, n_todo: int, worst: float) -> str:
     """Printed before anything is sent: what the journal spent, what is left, what is at stake."""
-    worst = sum(worst_case(p, params.price, params.max_tokens) for p in todo)
-    head = f"generate: {len(todo)} prompts to send, up to ${worst:.4f} if each is answered once"
+    head = f"generate: {n_todo} prompts to send, up to ${worst:.4f} if each is answered once"
     if params.budget_usd <= 0:
         return f"{head}; no budget (free backend); the journal holds ${spent:.4f} of spend"
     return (f"{head}; budget ${params.budget_usd:.4f} for the whole journal: ${spent:.4f} spent by earlier "
             f"runs, ${max(params.budget_usd - spent, 0.0):.4f} left")
 
 
-async def run_async(prompts: list[Prompt], params: GenerateParams, target: Target,
+PromptSource = Callable[[], Iterator[Prompt]]
+
+
+async def run_async(prompts: list[Prompt] | PromptSource, params: GenerateParams, target: Target,
                     journal_path: str | Path, policy: Policy | None = None, progress: bool = True,
                     seed: int = 0) -> RunResult:
+    """`prompts`: a list (in memory; `result.hashes` is filled), or a source that yields them
+    afresh on each call (table.PromptFile: streamed from prompts.parquet, `limit` applied there;
+    nothing per prompt is kept, so memory does not grow with the prompts)."""
     problem = budget_problem(params)
     if problem:
         raise ValueError(problem)
-    prompts = select(prompts, params.limit)
-    result = RunResult(total=len(prompts), hashes=current_hashes(prompts, params, target.identity),
-                       budget_usd=params.budget_usd)
-    scan = read_journal(journal_path)
-    result.spent_before_usd = journal_cost(scan.records)
-    result.journal_torn_tail, result.journal_bad_lines = scan.torn_tail, len(scan.bad_lines)
-    if scan.torn_tail or scan.bad_lines:
-        print(f"generate: {journal_path}: ignoring {int(scan.torn_tail)} torn last line and "
-              f"{len(scan.bad_lines)} unreadable lines (a crash mid-write); those prompts are redone",
+    if callable(prompts):
+        source, hashes = prompts, None
+    else:
+        listed = select(prompts, params.limit)
+        source, hashes = (lambda: iter(listed)), current_hashes(listed, params, target.identity)
+
+    def hash_of(p: Prompt) -> str:
+        return hashes[p.prompt_id] if hashes is not None else request_hash(build_body(p, params), params.backend,
+                                                                           target.identity)
+    result = RunResult(hashes=hashes or {}, budget_usd=params.budget_usd)
+    index = JournalIndex.scan(journal_path, line_cost)
+    result.spent_before_usd = index.spent_usd
+    result.journal_torn_tail, result.journal_bad_lines = index.torn_tail, len(index.bad_lines)
+    if index.torn_tail or index.bad_lines:
+        print(f"generate: {journal_path}: ignoring {int(index.torn_tail)} torn last line and "
+              f"{len(index.bad_lines)} unreadable lines (a crash mid-write); those prompts are redone",
               file=sys.stderr)
-    done = {pid for pid, rec in latest(scan.records, result.hashes).items() if is_done(rec)}
-    todo = [p for p in prompts if p.prompt_id not in done]
-    result.skipped = len(prompts) - len(todo)
-    if not todo:
+    # A first pass counts what is to do and its worst case; the second sends it. Both stream.
+    n_todo, worst = 0, 0.0
+    for p in source():
+        result.total += 1
+        if not index.done(p.prompt_id, hash_of(p)):
+            n_todo += 1
+            worst += worst_case(p, params.price, params.max_tokens)
+    result.skipped = result.total - n_todo
+    if not n_todo:
         return result
-    print(budget_line(params, result.spent_before_usd, todo), file=sys.stderr)
+    print(budget_line(params, result.spent_before_usd, n_todo, worst), file=sys.stderr)
     if policy is None:
         policy = Policy(params.retry_base_s, params.retry_max_s, params.retry_after_cap_s)
     runner = _Runner(params, target, policy, result, seed,
-                     Progress(len(todo)) if progress else None)
+                     Progress(n_todo) if progress else None)
+    todo = ((p, h) for p in source() for h in (hash_of(p),) if not index.done(p.prompt_id, h))
     async with Journal(journal_path) as journal:
-        await runner.run(todo, journal)
+        await runner.run(todo, n_todo, worst, journal)
         result.journal_commits = journal.commits
     return result
 
@@ -194,11 +212,12 @@ class _Runner:
         self.client: ChatClient | None = None
         self.journal: Journal | None = None
 
-    async def run(self, todo: list[Prompt], journal: Journal) -> None:
+    async def run(self, todo: Iterator[tuple[Prompt, str]], n_todo: int, worst: float, journal: Journal) -> None:
         self.journal = journal
         self.client = ChatClient(self.target.base_url, self.target.api_key, self.p.concurrency,
                                  self.target.headers)
-        self.todo, self.started = todo, set()
+        # What is left after a budget stop is counted, not listed: the prompts stream.
+        self.n_todo, self.todo_worst, self.n_started, self.started_worst = n_todo, worst, 0, 0.0
         it = iter(todo)
         t0 = time.monotonic()
         if self.progress:
@@ -208,7 +227,7 @@ class _Runner:
         gc_threshold = gc.get_threshold()
         gc.set_threshold(max(gc_threshold[0], 20_000), *gc_threshold[1:])
         try:
-            workers = [asyncio.create_task(self._worker(it)) for _ in range(min(self.p.concurrency, len(todo)))]
+            workers = [asyncio.create_task(self._worker(it)) for _ in range(min(self.p.concurrency, n_todo))]
             try:
                 await asyncio.gather(*workers)
             except BaseException:
@@ -230,11 +249,12 @@ class _Runner:
             self.r.stop_reason, self.r.stop_detail = reason, detail
             print(f"\ngenerate: stopping the run ({reason}): {detail}", file=sys.stderr)
 
-    async def _worker(self, it: Iterator[Prompt]) -> None:
+    async def _worker(self, it: Iterator[tuple[Prompt, str]]) -> None:
         while self.r.stop_reason is None:
-            prompt = next(it, None)
-            if prompt is None:
+            item = next(it, None)
+            if item is None:
                 return
+            prompt, rhash = item
             worst = self.budget.worst_case(prompt)
             if not self.budget.fits(worst) and not await self._wait_for_budget(worst):
                 self.stop("budget", self._budget_stop(worst))
@@ -242,9 +262,10 @@ class _Runner:
             self.budget.reserve(worst)
             self.in_flight += 1
             self.r.sent += 1
-            self.started.add(prompt.prompt_id)
+            self.n_started += 1
+            self.started_worst += worst
             try:
-                record, cost = await self._request(prompt, worst)
+                record, cost = await self._request(prompt, rhash, worst)
                 await self.journal.append(record)   # durable before anything else happens with it
             finally:
                 self.in_flight -= 1
@@ -253,11 +274,11 @@ class _Runner:
 
     def _budget_stop(self, worst: float) -> str:
         b, r = self.budget, self.r
-        left = [p for p in self.todo if p.prompt_id not in self.started]
-        need = sum(b.worst_case(p) for p in left)
+        left = self.n_todo - self.n_started
+        need = max(self.todo_worst - self.started_worst, 0.0)
         return (f"the journal has spent ${b.spent:.4f} in total over every run (${b.spent - r.spent_before_usd:.4f} "
                 f"in this one) of generate.budget_usd ${b.limit_usd:.4f}, which bounds the whole journal; the next "
-                f"request's worst case ${worst:.6f} does not fit. {len(left)} prompts are left, up to ${need:.4f} if "
+                f"request's worst case ${worst:.6f} does not fit. {left} prompts are left, up to ${need:.4f} if "
                 f"each is answered once: to continue, set generate.budget_usd to at least ${b.spent + need:.4f} "
                 "and rerun (finished prompts are kept, nothing is bought twice)")
 
@@ -297,10 +318,10 @@ class _Runner:
         async with self.settled:
             self.settled.notify_all()
 
-    async def _request(self, prompt: Prompt, worst: float) -> tuple[dict[str, Any], float]:
+    async def _request(self, prompt: Prompt, rhash: str, worst: float) -> tuple[dict[str, Any], float]:
         """All attempts for one prompt -> (journal record, total cost: billed, lost at worst case)."""
         body = encode_body(build_body(prompt, self.p))
-        base = {"prompt_id": prompt.prompt_id, "request_hash": self.r.hashes[prompt.prompt_id]}
+        base = {"prompt_id": prompt.prompt_id, "request_hash": rhash}
         failures: list[dict[str, Any]] = []
         spent = 0.0
         t_start = time.monotonic()

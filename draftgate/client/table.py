@@ -12,7 +12,11 @@ paid failures); `wasted_cost_usd` is the part that bought no kept answer.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from draftgate.client.journal import latest
 from draftgate.client.request import Prompt
@@ -87,6 +91,81 @@ def _not_utf8(text: Any) -> bool:
 
 def _int(x: Any) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+class PromptFile:
+    """prompts.parquet as a prompt source: each call streams its rows afresh, batch by batch, in
+    table order, the first `limit` only (run.run_async takes it in place of a list)."""
+
+    def __init__(self, path: str | Path, limit: int | None = None, batch: int = 4096):
+        import pyarrow.parquet as pq
+
+        try:
+            self.rows = pq.ParquetFile(path).metadata.num_rows
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: not found; run the prompts stage first (dvc repro prompts)") from None
+        self.path, self.limit, self.batch = str(path), limit, batch
+
+    def __len__(self) -> int:
+        return self.rows if self.limit is None else min(self.rows, self.limit)
+
+    def __call__(self) -> Iterator[Prompt]:
+        import pyarrow.parquet as pq
+
+        from draftgate.client.request import prompt_from_row
+
+        n = len(self)
+        i = 0
+        for b in pq.ParquetFile(self.path).iter_batches(batch_size=self.batch,
+                                                         columns=["prompt_id", "dataset", "messages", "tools"]):
+            for row in b.to_pylist():
+                if i >= n:
+                    return
+                yield prompt_from_row(row, f"{self.path}:row {i}")
+                i += 1
+
+
+@dataclass
+class TableStats:
+    rows: int = 0
+    ok: int = 0
+    failure_reasons: Counter = field(default_factory=Counter)
+    cost_usd: float = 0.0
+
+
+def write_responses(out: str | Path, prompts: Callable[[], Iterator[Prompt]], hash_of: Callable[[Prompt], str],
+                    journal_path: str | Path, stop_reason: str | None = None, batch: int = 4096) -> TableStats:
+    """`responses_table`'s rows, streamed to `out` (atomic): prompts in order, each prompt's chosen
+    journal line read by its byte range (journal.JournalIndex), a batch in memory at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftgate import schema
+    from draftgate.client.journal import JournalIndex
+    from draftgate.io import atomic_path
+
+    index = JournalIndex.scan(journal_path)
+    stats = TableStats()
+    with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema.responses()) as w, \
+            contextlib.ExitStack() as stack:
+        jf = stack.enter_context(open(journal_path, "rb")) if index.records else None
+        rows: list[dict[str, Any]] = []
+        for p in prompts():
+            h = hash_of(p)
+            where = index.chosen(p.prompt_id, h)
+            row = _row(p, h, JournalIndex.read(jf, where)) if where else _unsent(p, h, stop_reason)
+            stats.rows += 1
+            stats.ok += row["status"] == "ok"
+            if row["failure_reason"] is not None:
+                stats.failure_reasons[row["failure_reason"]] += 1
+            stats.cost_usd += row["cost_usd"] or 0.0
+            rows.append(row)
+            if len(rows) >= batch:
+                w.write_table(pa.Table.from_pylist(rows, schema=schema.responses()))
+                rows = []
+        if rows or not stats.rows:
+            w.write_table(pa.Table.from_pylist(rows, schema=schema.responses()))
+    return stats
 
 
 def read_prompts(path: str) -> list[Prompt]:

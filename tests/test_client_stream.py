@@ -1,0 +1,71 @@
+"""Generate in bounded memory: prompts streamed from prompts.parquet, the journal indexed, not
+loaded, and the table written batch by batch, equal to the in-memory path."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from draftgate import schema
+from draftgate.client import Target, responses_table, run
+from draftgate.client.budget import line_cost
+from draftgate.client.journal import JournalIndex, encode_line, latest, read_journal
+from draftgate.client.request import build_body, request_hash
+from draftgate.client.table import PromptFile, read_prompts, write_responses
+from draftgate.serve.scripted import RETRYABLE_FAULTS, Script, running
+from test_client_run import gen
+
+
+def prompts_file(path, n):
+    rows = [{"prompt_id": f"id{i:04d}", "dataset": "tiny", "split": "train", "source": f"t:{i}", "n_duplicates": 0,
+             "messages": json.dumps([{"role": "user", "content": f"p{i:04d}"}]), "tools": None} for i in range(n)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema.prompts()), path)
+
+
+def test_a_streamed_run_and_table_equal_the_in_memory_ones_and_resume_the_same(tmp_path):
+    prompts_file(tmp_path / "prompts.parquet", 300)
+    params = gen(concurrency=32, max_attempts=3, limit=250)
+    source = PromptFile(tmp_path / "prompts.parquet", params.limit, batch=64)
+    listed = read_prompts(str(tmp_path / "prompts.parquet"))
+    script = Script(fault_rate=0.2, faults=RETRYABLE_FAULTS, seed=3, retry_after_s=0.01, hang_s=1.0)
+    journal = tmp_path / "journal.jsonl"
+    with running(script) as server:
+        target = Target(server.base_url)
+        first = run(source, params, target, journal, progress=False)
+        again = run(source, params, target, journal, progress=False)
+    assert (first.total, len(source)) == (250, 250) and first.ok + first.failed == first.sent
+    # Every ok (and permanent failure) is done; what ran out of retries is sent again.
+    assert again.skipped >= first.ok and again.sent == 250 - again.skipped
+
+    def hash_of(p):
+        return request_hash(build_body(p, params), params.backend, target.identity)
+    stats = write_responses(tmp_path / "responses.parquet", source, hash_of, journal, batch=50)
+    streamed = pq.read_table(tmp_path / "responses.parquet")
+    hashes = {p.prompt_id: hash_of(p) for p in listed[:250]}
+    whole = responses_table(listed[:250], hashes, read_journal(journal).records)
+    assert streamed.equals(whole)
+    assert (stats.rows, stats.ok) == (250, whole.column("status").to_pylist().count("ok"))
+
+
+def test_the_journal_index_picks_the_same_line_as_the_table_rule_and_sums_the_spend(tmp_path):
+    path = tmp_path / "j.jsonl"
+    lines = [
+        {"prompt_id": "a", "request_hash": "h1", "status": "failed", "failure_kind": "exhausted", "wasted_cost_usd": 0.25},
+        {"prompt_id": "b", "request_hash": "h1", "status": "failed", "failure_kind": "permanent"},
+        {"prompt_id": "a", "request_hash": "h1", "status": "ok", "cost_usd": 1.0},
+        {"prompt_id": "a", "request_hash": "h0", "status": "ok", "cost_usd": 2.0},   # an old request: not chosen
+        {"prompt_id": "c", "request_hash": "h1", "status": "failed", "failure_kind": "exhausted"},
+    ]
+    path.write_bytes(b"".join(encode_line(r) for r in lines) + b"not json\n" + b'{"prompt_id": "d", "sta')
+    index = JournalIndex.scan(path, line_cost)
+    scan = read_journal(path)
+    chosen = latest(scan.records, {"a": "h1", "b": "h1", "c": "h1"})
+    with open(path, "rb") as f:
+        for pid in "abc":
+            assert JournalIndex.read(f, index.chosen(pid, "h1")) == chosen[pid]
+    assert (index.done("a", "h1"), index.done("b", "h1"), index.done("c", "h1"), index.done("a", "h9")) == \
+        (True, True, False, False)
+    assert index.spent_usd == 3.25 and index.records == len(scan.records) == 5
+    assert (index.bad_lines, index.torn_tail) == (scan.bad_lines, scan.torn_tail) == ([6], True)
