@@ -44,7 +44,10 @@ def test_the_stage_writes_prompts_rejects_and_metrics_with_exact_schemas(workdir
         ("chat.jsonl:2", "invalid_json"), ("more.parquet:row 1", "unknown_role")]
     metrics = json.loads((workdir / "metrics" / "prompts.json").read_text())
     assert (metrics["rows_in"], metrics["rows_out"], metrics["dropped"]) == (5, 2, 3)
-    assert metrics["params"] == {"datasets": None, "heldout_fraction": 0.25, "split_seed": 3, "max_prompts": None}
+    from draftgate.metrics import details_path
+
+    details = json.loads(details_path(workdir / "metrics" / "prompts.json").read_text())
+    assert details["params"] == {"datasets": None, "heldout_fraction": 0.25, "split_seed": 3, "max_prompts": None}
     assert not list((workdir / "out").glob(".*.tmp"))
 
 
