@@ -160,7 +160,9 @@ def test_the_streamed_files_equal_the_in_memory_table_in_and_out_of_prompt_order
     assert pq.read_table(tmp_path / "out" / "tokens.parquet").equals(whole) and rows == 9
     assert summary2 == summary and counts.counts == result.counts
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tokens.parquet"]   # no part file left
-    step = PromptsInStep(tmp_path / "prompts.parquet", pq.ParquetFile(tmp_path / "responses.parquet"))
+    step = PromptsInStep(tmp_path / "prompts.parquet")
+    for chunk in (responses.column("prompt_id").to_pylist()[k:k + 2] for k in range(0, 9, 2)):
+        assert set(chunk) <= set(step(chunk))
     assert step.in_step is not shuffled
 
 
@@ -174,7 +176,7 @@ def test_prompts_in_step_hold_only_the_window_of_the_current_chunk(tmp_path):
                         "messages": ["[]"] * n, "tools": [None] * n, "split": ["train"] * n})
     pq.write_table(prompts, tmp_path / "prompts.parquet")
     pq.write_table(prompts.select(["prompt_id"]), tmp_path / "responses.parquet")
-    step = PromptsInStep(tmp_path / "prompts.parquet", pq.ParquetFile(tmp_path / "responses.parquet"))
+    step = PromptsInStep(tmp_path / "prompts.parquet")
     held = []
     for start in range(0, n, 1000):
         wanted = [f"p{k:06d}" for k in range(start, start + 1000)]

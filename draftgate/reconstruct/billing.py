@@ -107,11 +107,10 @@ class Columns:
     """The billing facts of many rows as numpy arrays (a million rows cost ~40 MB, not a million
     objects). Every array has one entry per row; `*_ok` say where the nullable values exist."""
 
-    def __init__(self, provider: Any, n: Any, billed: Any, billed_ok: Any, ends: Any, exact: Any,
+    def __init__(self, keys: list[str], codes: Any, n: Any, billed: Any, billed_ok: Any, ends: Any, exact: Any,
                  plen: Any, plen_ok: Any, bprompt: Any, bprompt_ok: Any, pexact: Any):
-        import numpy as np
-
-        self.keys, self.provider = np.unique(np.asarray(provider, dtype=object).astype(str), return_inverse=True)
+        # keys: the lower-cased providers; codes: each row's index into keys.
+        self.keys, self.provider = list(keys), codes
         self.n, self.billed, self.billed_ok, self.ends, self.exact = n, billed, billed_ok, ends, exact
         self.plen, self.plen_ok, self.bprompt, self.bprompt_ok, self.pexact = plen, plen_ok, bprompt, bprompt_ok, pexact
 
@@ -126,7 +125,9 @@ class Columns:
         billed, billed_ok = ints([r.billed for r in rows])
         plen, plen_ok = ints([r.prompt_len for r in rows])
         bprompt, bprompt_ok = ints([r.billed_prompt for r in rows])
-        return cls([provider_key(r.provider) for r in rows], np.array([r.n_completion for r in rows], dtype=np.int64),
+        keys, codes = np.unique(np.array([provider_key(r.provider) for r in rows] or [""], dtype=object).astype(str),
+                                return_inverse=True)
+        return cls([str(k) for k in keys], codes[:len(rows)], np.array([r.n_completion for r in rows], dtype=np.int64),
                    billed, billed_ok, np.array([r.ends_with_eos for r in rows], dtype=bool),
                    np.array([r.exact for r in rows], dtype=bool), plen, plen_ok, bprompt, bprompt_ok,
                    np.array([r.prompt_exact for r in rows], dtype=bool))

@@ -30,13 +30,6 @@ from draftgate.reconstruct.logprobs import BytesIndex
 CHUNK = 1024
 MATCHES = ("exact", "bpe_only", "semantic", "unknown")
 PROMPT_COLUMNS = ["prompt_id", "dataset", "messages", "tools", "split"]
-# What billing needs of every row, kept as Arrow columns until the table is settled.
-LIGHT = ("prompt_id", "provider", "n_completion", "billed_completion_tokens", "ends_with_eos", "method",
-         "quarantine_reason", "prompt_len", "billed_prompt_tokens")
-SETTLED = ("billing_convention", "billing_residual", "prompt_billing_offset", "prompt_billing_residual",
-           "quarantine_reason")
-
-
 def reconstruct_table(responses: Any, prompts: Any, setup: Setup, on_billing_mismatch: str = "keep",
                       chunk: int = CHUNK, billing_params: Any = None) -> tuple[Any, Result, dict]:
     """In memory, for tests and benchmarks: the same passes as `reconstruct_files`."""
@@ -50,7 +43,7 @@ def reconstruct_table(responses: Any, prompts: Any, setup: Setup, on_billing_mis
         parts = [t for t in first.run(responses.to_batches(max_chunksize=chunk))]
         table = pa.concat_tables(parts) if parts else schema.tokens().empty_table()
         settled, summary = first.settle(billing_params or BillingParams(), on_billing_mismatch)
-        return _with_settled(table, settled, 0), first.total, summary
+        return first.with_settled(table, settled, 0), first.total, summary
 
 
 def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, setup: Setup,
@@ -65,7 +58,7 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
 
     with _collector_paused():
         source = pq.ParquetFile(responses_path)
-        lookup = PromptsInStep(prompts_path, source)
+        lookup = PromptsInStep(prompts_path)
         first = _FirstPass(setup, lookup, _lazy_index(setup))
         part = Path(out_path).with_name(f".{Path(out_path).name}.part")
         part.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +70,7 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
             with atomic_path(out_path) as tmp, pq.ParquetWriter(tmp, schema.tokens()) as w:
                 offset = 0
                 for batch in pq.ParquetFile(part, pre_buffer=False).iter_batches(batch_size=8 * chunk):
-                    t = _with_settled(_table(batch), settled, offset)
+                    t = first.with_settled(_table(batch), settled, offset)
                     w.write_table(t)
                     offset += t.num_rows
         finally:
@@ -89,138 +82,154 @@ class PromptsInStep:
     """Prompt rows for each chunk of responses, read from prompts.parquet in step with them.
 
     The generate stage writes one response per prompt in prompt-table order, so one forward pass
-    over prompts.parquet serves every chunk, holding only the rows between a chunk's first and last
-    prompt. Responses in another order (a hand-made table) fall back to all prompts in memory.
-    Either way only the prompt_id columns are compared up front (~70 bytes a row).
+    over prompts.parquet serves every chunk, holding only the rows from the chunk's earliest prompt
+    on (one read-ahead batch at most). Nothing is read up front. A prompt not found ahead (responses
+    in another order, or a prompt that is not there) switches to all prompts in memory, once.
     """
 
-    def __init__(self, prompts_path: Path, responses: Any):
-        import numpy as np
-        import pyarrow.compute as pc
+    def __init__(self, prompts_path: Path, responses: Any = None):
         import pyarrow.parquet as pq
 
         self._file = pq.ParquetFile(prompts_path)
-        ids = self._file.read(columns=["prompt_id"]).column("prompt_id")
-        pos = pc.index_in(responses.read(columns=["prompt_id"]).column("prompt_id"), value_set=ids)
-        found = pos.drop_null().to_numpy(zero_copy_only=False)
-        self.in_step = bool(len(found) < 2 or (np.diff(found) >= 0).all())
         self._batches = self._file.iter_batches(batch_size=4096, columns=PROMPT_COLUMNS)
         self._rows: dict[str, dict] = {}
-        self._order: list[str] = []
+        self._pos: dict[str, int] = {}       # row number in prompts.parquet of each held row
+        self._read = 0
         self._all: dict[str, dict] | None = None
-        self._done = False
+        self.in_step = True
 
     def __call__(self, wanted: list[str]) -> dict[str, dict]:
-        if not self.in_step:
-            if self._all is None:
-                self._all = {p["prompt_id"]: p for p in self._file.read(columns=PROMPT_COLUMNS).to_pylist()}
+        if self._all is not None:
             return self._all
-        need = [w for w in wanted if w not in self._rows]
-        missing = set(need)
-        while missing and not self._done:
+        missing = {w for w in wanted if w not in self._rows}
+        while missing:
             batch = next(self._batches, None)
             if batch is None:
-                self._done = True
-                break
+                # Not ahead: the responses are not in prompt order (or a prompt is absent).
+                self.in_step = False
+                self._rows, self._pos = {}, {}
+                self._all = {p["prompt_id"]: p for p in self._file.read(columns=PROMPT_COLUMNS).to_pylist()}
+                return self._all
             for p in batch.to_pylist():
                 self._rows[p["prompt_id"]] = p
-                self._order.append(p["prompt_id"])
+                self._pos[p["prompt_id"]] = self._read
+                self._read += 1
                 missing.discard(p["prompt_id"])
-        # Forget what came before this chunk's first prompt: later chunks need later prompts.
-        first = next((w for w in wanted if w in self._rows), None)
-        if first is not None:
-            k = self._order.index(first)
-            for pid in self._order[:k]:
-                self._rows.pop(pid, None)
-            del self._order[:k]
+        # Forget what came before this chunk's earliest prompt: later chunks need later prompts.
+        start = min(self._pos[w] for w in wanted)
+        for pid in [pid for pid, k in self._pos.items() if k < start]:
+            del self._rows[pid], self._pos[pid]
         return self._rows
 
 
 class _FirstPass:
-    """Reconstruct chunk after chunk; keep the counts and the light columns billing needs."""
+    """Reconstruct chunk after chunk; keep the counts and, per row, only the ~35 bytes billing
+    needs (numpy: provider code, lengths, bills, flags) until it is settled."""
 
     def __init__(self, setup: Setup, lookup: Callable[[list[str]], dict], index: Any):
         self.setup, self.lookup, self.index = setup, lookup, index
         self.total = Result([])
-        self.light: list[Any] = []
-        self.exact_prompts: list[bool] = []
+        self.providers: dict[str, int] = {}
+        self.parts: list[dict[str, Any]] = []
+        self.examples: list[tuple[int, str]] = []    # (row, detail) of billing quarantines, for review
 
     def run(self, batches: Iterable[Any]) -> Iterator[Any]:
+        import numpy as np
+
         for batch in batches:
             rows = batch.to_pylist()
             res = reconstruct(rows, self.lookup([r["prompt_id"] for r in rows]), self.setup, self.index,
                               joined=False)
             t = to_arrow(res.rows)
-            self.light.append(t.select(list(LIGHT)))
-            self.exact_prompts.extend(bool(r.get(PROMPT_EXACT)) for r in res.rows)
+            rs = res.rows
+            self.parts.append({
+                "code": np.array([self.providers.setdefault(billing.provider_key(r["provider"]), len(self.providers))
+                                  for r in rs], dtype=np.int32),
+                **_ints(rs, "n_completion", "n"), **_ints(rs, "billed_completion_tokens", "billed"),
+                **_ints(rs, "prompt_len", "plen"), **_ints(rs, "billed_prompt_tokens", "bprompt"),
+                "ends": np.array([bool(r["ends_with_eos"]) for r in rs], dtype=bool),
+                "exact": np.array([r["method"] in ("truth", "logprobs") for r in rs], dtype=bool),
+                "quarantined": np.array([r["quarantine_reason"] is not None for r in rs], dtype=bool),
+                "pexact": np.array([bool(r.get(PROMPT_EXACT)) for r in rs], dtype=bool),
+            })
             _merge(self.total, res)
             yield t
 
     def settle(self, params: Any, on_mismatch: str) -> tuple[dict[str, Any], dict]:
         """Conventions (declared, or learned from exact rows) and every row's residuals; the
-        summary. Quarantines rows on a billing mismatch when asked."""
+        summary. Marks rows for quarantine on a billing mismatch when asked."""
         import numpy as np
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        light = pa.concat_tables(self.light) if self.light else pa.table({k: [] for k in LIGHT})
-        self.light = []
+        keys = list(self.providers)
+        names = ("code", "n", "n_ok", "billed", "billed_ok", "plen", "plen_ok", "bprompt", "bprompt_ok",
+                 "ends", "exact", "quarantined", "pexact")
+        c = {k: np.concatenate([p[k] for p in self.parts]) for k in names} if self.parts else \
+            {k: np.zeros(0, dtype=bool if k.endswith("ok") or k in ("ends", "exact", "quarantined", "pexact")
+                         else np.int64) for k in names}
+        self.parts = []
+        measured = c["n_ok"]
+        graded = measured & ~c["quarantined"]
 
-        def ints(name: str) -> tuple[Any, Any]:
-            col = light.column(name)
-            return (pc.fill_null(col, 0).to_numpy().astype(np.int64),
-                    pc.is_valid(col).to_numpy(zero_copy_only=False))
-        n, measured = ints("n_completion")
-        billed, billed_ok = ints("billed_completion_tokens")
-        plen, plen_ok = ints("prompt_len")
-        bprompt, bprompt_ok = ints("billed_prompt_tokens")
-        quarantined = pc.is_valid(light.column("quarantine_reason")).to_numpy(zero_copy_only=False)
-        method = light.column("method")
-        exact = pc.fill_null(pc.is_in(method, pa.array(["truth", "logprobs"])), False).to_numpy(zero_copy_only=False)
-        ends = pc.fill_null(light.column("ends_with_eos"), False).to_numpy(zero_copy_only=False)
-        provider = pc.utf8_lower(pc.fill_null(light.column("provider"), "unknown")).to_numpy(zero_copy_only=False)
-        pexact = np.array(self.exact_prompts, dtype=bool)
-        graded = measured & ~quarantined
-        cols = billing.Columns(provider, n, billed, billed_ok & graded, ends, exact, plen, plen_ok & graded,
-                               bprompt, bprompt_ok, pexact)
-        conventions = billing.settle_columns(cols, params.completion, params.prompt)
-        summary = billing.summary_columns(cols, conventions)
+        def columns(rows: Any) -> billing.Columns:
+            return billing.Columns(keys, c["code"], c["n"], c["billed"], c["billed_ok"] & rows, c["ends"], c["exact"],
+                                   c["plen"], c["plen_ok"] & rows, c["bprompt"], c["bprompt_ok"], c["pexact"])
+        graded_cols = columns(graded)
+        conventions = billing.settle_columns(graded_cols, params.completion, params.prompt)
+        summary = billing.summary_columns(graded_cols, conventions)
         # Residuals for every reconstructed row (quarantined ones too, as diagnostics).
-        every = billing.Columns(provider, n, billed, billed_ok & measured, ends, exact, plen, plen_ok & measured,
-                                bprompt, bprompt_ok, pexact)
+        every = columns(measured)
         res, res_ok = every.completion_residuals(conventions)
         pres, pres_ok = every.prompt_residuals(conventions)
-        has = np.array([k in conventions for k in every.keys], dtype=bool)[every.provider] & measured
-        conv_of = np.array([conventions[k].completion if k in conventions else None for k in every.keys],
-                           dtype=object)[every.provider]
-        off_of = np.array([conventions[k].prompt_offset if k in conventions else None for k in every.keys],
-                          dtype=object)[every.provider]
-        reasons = light.column("quarantine_reason").to_pylist()
+        has = np.array([k in conventions for k in keys] + [False], dtype=bool)[c["code"]] & measured
+        conv = np.array([conventions[k].completion if k in conventions else None for k in keys] + [None],
+                        dtype=object)[c["code"]]
+        off = np.array([conventions[k].prompt_offset if k in conventions else None for k in keys] + [None],
+                       dtype=object)[c["code"]]
+        bad = np.zeros(len(has), dtype=bool)
         if on_mismatch == "quarantine":
             bad = graded & ((res_ok & (res != 0)) | (pres_ok & (pres != 0)))
-            ids = light.column("prompt_id")
-            for i in np.flatnonzero(bad):
-                reasons[i] = "billing_mismatch"
-                self.total.counts["quarantine"]["billing_mismatch"] += 1
-                ex = self.total.examples["billing_mismatch"]
-                if len(ex) < EXAMPLES:
-                    ex.append(f"{ids[int(i)].as_py()}: completion residual "
-                              f"{int(res[i]) if res_ok[i] else None}, prompt residual {int(pres[i]) if pres_ok[i] else None}")
+            if bad.any():
+                self.total.counts["quarantine"]["billing_mismatch"] += int(bad.sum())
+            room = EXAMPLES - len(self.total.examples["billing_mismatch"])
+            self.examples = [(int(i), f"completion residual {int(res[i]) if res_ok[i] else None}, prompt "
+                                      f"residual {int(pres[i]) if pres_ok[i] else None}")
+                             for i in np.flatnonzero(bad)[:max(room, 0)]]
         settled = {
-            "billing_convention": pa.array(np.where(has, conv_of, None).tolist(), pa.string()),
+            "billing_convention": pa.array(np.where(has, conv, None), pa.string()),
             "billing_residual": pa.array(res, pa.int64(), mask=~(res_ok & has)),
-            "prompt_billing_offset": pa.array(np.where(has, off_of, None).tolist(), pa.int32()),
+            "prompt_billing_offset": pa.array(np.where(has, off, None), pa.int32()),
             "prompt_billing_residual": pa.array(pres, pa.int64(), mask=~(pres_ok & has)),
-            "quarantine_reason": pa.array(reasons, pa.string()),
+            "bad": bad,
         }
         return settled, summary
 
+    def with_settled(self, table: Any, settled: dict[str, Any], offset: int) -> Any:
+        """A slice of the first pass's table (rows offset.. of the whole) with the settled columns."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
-def _with_settled(table: Any, settled: dict[str, Any], offset: int) -> Any:
-    for name in SETTLED:
-        col = settled[name].slice(offset, table.num_rows)
-        table = table.set_column(table.schema.get_field_index(name), name, col)
-    return table
+        n = table.num_rows
+        for name in ("billing_convention", "billing_residual", "prompt_billing_offset", "prompt_billing_residual"):
+            table = table.set_column(table.schema.get_field_index(name), name, settled[name].slice(offset, n))
+        bad = settled["bad"][offset:offset + n]
+        if bad.any():
+            k = table.schema.get_field_index("quarantine_reason")
+            table = table.set_column(k, "quarantine_reason", pc.if_else(
+                pa.array(bad), pa.scalar("billing_mismatch", pa.string()), table.column(k)))
+            ids = table.column("prompt_id")
+            for i, detail in self.examples:
+                if offset <= i < offset + n:
+                    self.total.examples["billing_mismatch"].append(f"{ids[i - offset].as_py()}: {detail}")
+        return table
+
+
+def _ints(rows: list[dict], key: str, name: str) -> dict[str, Any]:
+    import numpy as np
+
+    values = [r[key] for r in rows]
+    return {name: np.array([v or 0 for v in values], dtype=np.int64),
+            f"{name}_ok": np.array([v is not None for v in values], dtype=bool)}
 
 
 def _table(batch: Any) -> Any:
