@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def hash_of(p: Any) -> str:
         return request_hash(build_body(p, gp), gp.backend, t.identity)
-    stats = write_responses(out / "responses.parquet", prompts, hash_of, journal, result.stop_reason)
+    stats = write_responses(out / "responses.parquet", prompts, hash_of, journal, result.stop_reason,
+                            hashes=result.hash_bytes, index=result.index)
     metrics = StageMetrics("generate", rows_in=len(prompts), params=as_dict(gp))
     metrics.rows_out = stats.ok
     for reason, n in sorted(stats.failure_reasons.items()):

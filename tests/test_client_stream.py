@@ -47,6 +47,20 @@ def test_a_streamed_run_and_table_equal_the_in_memory_ones_and_resume_the_same(t
     whole = responses_table(listed[:250], hashes, read_journal(journal).records)
     assert streamed.equals(whole)
     assert (stats.rows, stats.ok) == (250, whole.column("status").to_pylist().count("ok"))
+    # The run's own hashes (32 bytes a prompt, prompt order) give the same table without rehashing.
+    assert len(again.hash_bytes) == 32 * 250
+    write_responses(tmp_path / "again.parquet", source, None, journal, hashes=again.hash_bytes)
+    assert pq.read_table(tmp_path / "again.parquet").equals(whole)
+
+
+def test_a_no_op_resume_hands_its_journal_index_to_the_table(tmp_path):
+    prompts_file(tmp_path / "prompts.parquet", 20)
+    source = PromptFile(tmp_path / "prompts.parquet")
+    with running(Script()) as server:
+        first = run(source, gen(), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+        again = run(source, gen(), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+    assert first.index is None and first.ok == 20          # lines were appended: the table rescans
+    assert again.sent == 0 and again.index is not None and again.index.records == 20
 
 
 def test_the_journal_index_picks_the_same_line_as_the_table_rule_and_sums_the_spend(tmp_path):

@@ -11,11 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from draftgate.gates import validate as gates
+from gate_files import validate, write_json, write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,20 +42,6 @@ def tokens_rows(n: int = 6) -> dict:
         "input_ids": [[1, 2, 3]] * n,      # a list column no check reads
         "messages": ['[{"role": "user", "content": "hi"}]'] * n,
     }
-
-
-def write_parquet(path: Path, columns: dict) -> Path:
-    pq.write_table(pa.table(columns), path)
-    return path
-
-
-def write_json(path: Path, obj) -> Path:
-    path.write_text(json.dumps(obj))
-    return path
-
-
-def validate(*argv) -> int:
-    return gates.main([str(a) for a in argv])
 
 
 @pytest.fixture

@@ -3,29 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from draftgate.gates import validate as gates
 from draftgate.gates.custom import roles_problem
-
-
-def write_parquet(path: Path, columns: dict) -> Path:
-    pq.write_table(pa.table(columns), path)
-    return path
-
-
-def write_json(path: Path, obj) -> Path:
-    path.write_text(json.dumps(obj))
-    return path
-
-
-def validate(*argv) -> int:
-    return gates.main([str(a) for a in argv])
-
+from gate_files import validate, write_json, write_parquet
 
 
 def test_custom_expectations_pass_and_fail_at_their_bounds_and_render_sentences(tmp_path):

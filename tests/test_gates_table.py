@@ -4,26 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from draftgate.gates import validate as gates
 
 
-def write_parquet(path: Path, columns: dict) -> Path:
-    pq.write_table(pa.table(columns), path)
-    return path
-
-
-def write_json(path: Path, obj) -> Path:
-    path.write_text(json.dumps(obj))
-    return path
-
-
-def validate(*argv) -> int:
-    return gates.main([str(a) for a in argv])
+from gate_files import validate, write_json, write_parquet
 
 
 def test_a_view_over_prompts_and_jsonl_rejects_gates_the_rejects_rate(tmp_path):

@@ -3,15 +3,13 @@ official template rendered by transformers' Jinja), completions, errors that nam
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from draftgate.templates import (
-    Completion, KimiK25Template, Special, TemplateError, Text, ToolCall, get_template, kimi_tool_call_id,
-    merge_text, render_text,
+    Completion, KimiK25Template, TemplateError, ToolCall, get_template, kimi_tool_call_id, render_text,
 )
 from draftgate.templates.kimi_tools_ts import compact_json_declaration
+from test_templates import assert_renders
 
 ODD_ARGS = '{"a":1,  "b" : [1,2]}'          # spacing a re-serialiser would destroy
 WEATHER_ARGS = '{"city": "Paris"}'
@@ -37,16 +35,6 @@ TWO_KIMI_CALLS = ("<|tool_calls_section_begin|>"
                   "<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>"
                   '{"city": "Paris"}<|tool_call_end|>'
                   "<|tool_calls_section_end|>")
-
-
-def split_specials(golden: str, names) -> list:
-    pattern = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-    return merge_text(Special(p) if p in names else Text(p) for p in re.split(f"({pattern})", golden))
-
-
-def assert_renders(segments, golden: str, template) -> None:
-    assert render_text(segments) == golden
-    assert segments == split_specials(golden, template.special_names)
 
 
 def call(cid, name, args):

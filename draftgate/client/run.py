@@ -82,6 +82,10 @@ class RunResult:
     journal_bad_lines: int = 0
     journal_commits: int = 0
     hashes: dict[str, str] = field(default_factory=dict, repr=False)
+    # Streamed runs: every prompt's request hash (32 bytes each, prompt order), and the journal
+    # index when the run appended nothing (the table reuses both instead of redoing them).
+    hash_bytes: bytes = field(default=b"", repr=False)
+    index: Any = field(default=None, repr=False)
 
     @property
     def journal_spent_usd(self) -> float:
@@ -174,22 +178,28 @@ async def run_async(prompts: list[Prompt] | PromptSource, params: GenerateParams
         print(f"generate: {journal_path}: ignoring {int(index.torn_tail)} torn last line and "
               f"{len(index.bad_lines)} unreadable lines (a crash mid-write); those prompts are redone",
               file=sys.stderr)
-    # A first pass counts what is to do and its worst case; the second sends it. Both stream.
-    n_todo, worst = 0, 0.0
+    # A first pass counts what is to do and its worst case; the second sends it. Both stream. The
+    # request hashes are kept as 32 bytes a prompt, in prompt order, for the send and table passes.
+    n_todo, worst, hashed = 0, 0.0, bytearray()
     for p in source():
         result.total += 1
-        if not index.done(p.prompt_id, hash_of(p)):
+        h = hash_of(p)
+        hashed += bytes.fromhex(h)
+        if not index.done(p.prompt_id, h):
             n_todo += 1
             worst += worst_case(p, params.price, params.max_tokens)
     result.skipped = result.total - n_todo
+    result.hash_bytes = bytes(hashed)
     if not n_todo:
+        result.index = index      # nothing appended: the table can use the same index
         return result
     print(budget_line(params, result.spent_before_usd, n_todo, worst), file=sys.stderr)
     if policy is None:
         policy = Policy(params.retry_base_s, params.retry_max_s, params.retry_after_cap_s)
     runner = _Runner(params, target, policy, result, seed,
                      Progress(n_todo) if progress else None)
-    todo = ((p, h) for p in source() for h in (hash_of(p),) if not index.done(p.prompt_id, h))
+    todo = ((p, h) for i, p in enumerate(source()) for h in (hashed[32 * i:32 * i + 32].hex(),)
+            if not index.done(p.prompt_id, h))
     async with Journal(journal_path) as journal:
         await runner.run(todo, n_todo, worst, journal)
         result.journal_commits = journal.commits

@@ -134,9 +134,11 @@ class TableStats:
 
 
 def write_responses(out: str | Path, prompts: Callable[[], Iterator[Prompt]], hash_of: Callable[[Prompt], str],
-                    journal_path: str | Path, stop_reason: str | None = None, batch: int = 4096) -> TableStats:
+                    journal_path: str | Path, stop_reason: str | None = None, batch: int = 4096,
+                    hashes: bytes = b"", index: Any = None) -> TableStats:
     """`responses_table`'s rows, streamed to `out` (atomic): prompts in order, each prompt's chosen
-    journal line read by its byte range (journal.JournalIndex), a batch in memory at a time."""
+    journal line read by its byte range (journal.JournalIndex), a batch in memory at a time.
+    `hashes`/`index`: what the run already computed (run.RunResult), else they are redone."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -144,14 +146,14 @@ def write_responses(out: str | Path, prompts: Callable[[], Iterator[Prompt]], ha
     from draftgate.client.journal import JournalIndex
     from draftgate.io import atomic_path
 
-    index = JournalIndex.scan(journal_path)
+    index = index if index is not None else JournalIndex.scan(journal_path)
     stats = TableStats()
     with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema.responses()) as w, \
             contextlib.ExitStack() as stack:
         jf = stack.enter_context(open(journal_path, "rb")) if index.records else None
         rows: list[dict[str, Any]] = []
-        for p in prompts():
-            h = hash_of(p)
+        for i, p in enumerate(prompts()):
+            h = hashes[32 * i:32 * i + 32].hex() if hashes else hash_of(p)
             where = index.chosen(p.prompt_id, h)
             row = _row(p, h, JournalIndex.read(jf, where)) if where else _unsent(p, h, stop_reason)
             stats.rows += 1
