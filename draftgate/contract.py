@@ -4,7 +4,7 @@ Every special token the chat template emits is resolved BY NAME from the target'
 must be one added token that decodes to its own name, re-encodes to its own id, and splits the
 text around it (so text segments can be encoded separately). Ids a user configured
 (tokenizer.expected_ids) must agree: the seed run hard-coded an id for <|im_end|> that on Kimi-K2
-is the ordinary token "chas" (FACTS.md has both ids). `special_ids` in the result is the only
+is the ordinary token "chas" (docs/tokenizers.md has both ids). `special_ids` in the result is the only
 place later stages take special ids from.
 
 The boundary probe records (never fails on) text pairs whose pieces merge when joined:

@@ -17,10 +17,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from draftgate.gates.suite import ExpectationSpec
+from typing import Any
 
 SAMPLE = 5          # unexpected values kept per expectation in the result file
 SHORT = 200         # characters kept of any one value
@@ -43,7 +40,9 @@ def short(value: Any) -> Any:
     return short(str(value))
 
 
-def expectation_entry(spec: ExpectationSpec, outcome: Any) -> dict:
+def expectation_entry(spec: Any, outcome: Any) -> dict:
+    """`spec`: a suite.ExpectationSpec (not imported: stages that only read gate results must not
+    depend on the suite parser)."""
     res = outcome.result or {}
     entry = {"type": spec.type, "kwargs": spec.kwargs, "success": bool(outcome.success)}
     if "observed_value" in res:

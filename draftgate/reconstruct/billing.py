@@ -16,7 +16,6 @@ beside it, and a disagreement is a finding (the tokens gate recomputes and fails
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 

@@ -3,7 +3,7 @@
 All text segments of the whole batch go through ONE `encode_ordinary_batch` call (the tokenizer's
 Rust/tiktoken core, special-token parsing off); special tokens are inserted by the contract's ids.
 Encoding text segments separately is exact because the tokenizers split at every special token
-(FACTS.md); adjacent text must already be merged (templates render canonical segments).
+(docs/tokenizers.md); adjacent text must already be merged (templates render canonical segments).
 
 `Pieces` is the batch form reconstruction uses: each distinct text is encoded once (role headers,
 the generation prefix, a shared system prompt or tool declaration repeat on every row), a row is

@@ -7,7 +7,7 @@ tool_declaration_ts.py as `tools_ts_str`; `thinking` defaults to true):
 - tools first: `<|im_system|>tool_declare<|im_middle|>{declaration}<|im_end|>`; the declaration
   is the TypeScript-style text (kimi_tools_ts.py), or compact JSON (`,` / `:`, keys sorted) when
   that encoder gives up. Real providers declare K2.5 tools the TypeScript way: bills for the same
-  request come out far below the JSON form's count (FACTS.md). `declare_tools=compact_json_declaration`
+  request come out far below the JSON form's count (docs/openrouter.md). `declare_tools=compact_json_declaration`
   renders what the bare Jinja renders when no hook supplies `tools_ts_str`;
 - NO default system turn;
 - role headers as in K2-Thinking (`name` or role after the role token);
