@@ -446,6 +446,17 @@ def _check_order(messages: list[dict]) -> None:
 
 # ---------------------------------------------------------------- the whole run
 
+def decide(record: RawRecord, render_problem: Callable[[list[dict], list[dict] | None], str | None] | None
+           ) -> Prompt | Reject | None:
+    """`process`, then the target template's verdict: a Prompt, a Reject, or None (blank line)."""
+    out = process(record)
+    if render_problem is not None and isinstance(out, Prompt):
+        problem = render_problem(json.loads(out.messages), json.loads(out.tools) if out.tools else None)
+        if problem is not None:
+            out = Reject(out.source, TEMPLATE_UNSUPPORTED, problem, _truncate(out.messages.encode("utf-8")))
+    return out
+
+
 def ingest(records: Iterable[RawRecord], params: PromptsParams,
            render_problem: Callable[[list[dict], list[dict] | None], str | None] | None = None) -> Ingested:
     """Process, dedup (first by file name then position wins), cap, split. Order-independent.
@@ -463,14 +474,10 @@ def ingest(records: Iterable[RawRecord], params: PromptsParams,
     dups: Counter = Counter()
     rejects, blank, per_dataset = [], 0, Counter()
     for r in records:
-        out = process(r)
+        out = decide(r, render_problem)
         if out is None:
             blank += 1
             continue
-        if render_problem is not None and isinstance(out, Prompt):
-            problem = render_problem(json.loads(out.messages), json.loads(out.tools) if out.tools else None)
-            if problem is not None:
-                out = Reject(out.source, TEMPLATE_UNSUPPORTED, problem, _truncate(out.messages.encode("utf-8")))
         per_dataset[Path(r.file).stem] += 1
         if isinstance(out, Reject):
             rejects.append(out)

@@ -1,6 +1,6 @@
 """Prompt ingestion in bounded memory: raw files -> prompts.parquet + rejects.parquet, streamed.
 
-Same decisions as `prompts.ingest` (process, render check, first occurrence wins, cap, split), in
+Same decisions as `prompts.ingest` (`decide`, first occurrence wins, cap, split), in
 two passes instead of one table in memory. Records arrive in (file, line) order, as `raw_files` and
 `read_raw` give them, so "first wins" needs no sort. Pass 1 writes each new prompt (with its split)
 and each reject to part files as it is decided, and remembers per prompt only a 16-byte digest of
@@ -12,13 +12,12 @@ dropping capped rows. Memory: ~80 bytes per distinct prompt plus one batch.
 from __future__ import annotations
 
 import heapq
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from draftgate.config import PromptsParams
-from draftgate.prompts import TEMPLATE_UNSUPPORTED, Prompt, RawRecord, Reject, Tally, _truncate, process, split_of
+from draftgate.prompts import Prompt, RawRecord, Reject, Tally, decide, split_of
 
 BATCH = 8192
 
@@ -52,15 +51,11 @@ def ingest_to_files(records: Iterable[RawRecord], params: PromptsParams, out_dir
         with pq.ParquetWriter(part, schema.prompts()) as pw, \
                 pq.ParquetWriter(stage / "rejects.parquet", schema.rejects()) as rw:
             for r in records:
-                out = process(r)
+                out = decide(r, render_problem)
                 if out is None:
                     tally.blank_lines += 1
                     continue
                 tally.rows_in += 1
-                if render_problem is not None and isinstance(out, Prompt):
-                    problem = render_problem(json.loads(out.messages), json.loads(out.tools) if out.tools else None)
-                    if problem is not None:
-                        out = Reject(out.source, TEMPLATE_UNSUPPORTED, problem, _truncate(out.messages.encode("utf-8")))
                 tally.per_dataset_in[Path(r.file).stem] += 1
                 if isinstance(out, Reject):
                     tally.reject(out)

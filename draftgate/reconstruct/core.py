@@ -71,11 +71,14 @@ def markers(setup: Setup) -> Markers:
         raise ReconstructError(
             f"the contract has no ids for {', '.join(missing)} (template {t.name}); rerun the "
             "contract stage with this template so that every special name is resolved")
-    implicit = frozenset({ids[t.tool_marker_pairs[0][0]]}) if _family(t) == "kimi" else frozenset()
-    return Markers(end=ids[t.end_token],
-                   think=(ids[t.think_tokens[0]], ids[t.think_tokens[1]]) if t.think_tokens else None,
-                   tool_pairs=tuple((ids[a], ids[b]) for a, b in t.tool_marker_pairs),
-                   think_implicit_close=implicit)
+    # The same roles the contract records for the gates (one derivation of them).
+    from draftgate.contract import template_roles
+
+    r = template_roles(t, ids)
+    return Markers(end=r["end_id"],
+                   think=(r["think_open"], r["think_close"]) if r["think_open"] is not None else None,
+                   tool_pairs=tuple(tuple(p) for p in r["tool_pairs"]),
+                   think_implicit_close=frozenset(r["think_implicit_close"]))
 
 
 def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Mapping[str, Any]],
@@ -292,12 +295,8 @@ class _Prompt:
         self.special_in_text = _special_in_text(self.plan, pieces, special)
 
 
-def _family(tmpl: Any) -> str:
-    return tmpl.family
-
-
 def _dialect(tmpl: Any, messages: list[dict]) -> Dialect:
-    if _family(tmpl) != "kimi":
+    if tmpl.family != "kimi":
         # Only Kimi numbers tool calls across the conversation; the others share one dialect.
         return _plain_dialect(tmpl.think_tokens)
     from draftgate.templates.kimi_k2 import kimi_tool_call_id
@@ -316,7 +315,7 @@ def _think_closed(tmpl: Any, c: Any, r: Mapping[str, Any], ids: Mapping[str, int
     # Kimi-K2 sometimes runs from reasoning straight into tool calls without `</think>`. The
     # provider's split cannot show it; the truth ids can. Without truth: render as the template
     # does by default (closed), and the comparison, where possible, tells.
-    if not (_family(tmpl) == "kimi" and c.reasoning and c.tool_calls and not c.content):
+    if not (tmpl.family == "kimi" and c.reasoning and c.tool_calls and not c.content):
         return True
     truth = r.get("truth_ids")
     if truth is None or ids[tmpl.think_tokens[1]] in truth:

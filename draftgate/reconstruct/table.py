@@ -37,7 +37,7 @@ def reconstruct_table(responses: Any, prompts: Any, setup: Setup, on_billing_mis
 
     with _collector_paused():
         rows = {p["prompt_id"]: p for p in prompts.select(PROMPT_COLUMNS).to_pylist()}
-        first = _FirstPass(setup, lambda ids: rows, _lazy_index(setup))
+        first = _FirstPass(setup, lambda ids: rows, _LazyIndex(setup))
         parts = [t for t in first.run(responses.to_batches(max_chunksize=chunk))]
         table = pa.concat_tables(parts) if parts else schema.tokens().empty_table()
         settled, summary = first.settle(billing_params or BillingParams(), on_billing_mismatch)
@@ -49,6 +49,7 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
                       chunk: int = CHUNK) -> tuple[Result, dict, int]:
     """Stream responses.parquet (+ prompts.parquet) into tokens.parquet; returns (counts,
     billing summary, rows). The output appears whole or not at all (temp file + rename)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from draftgate import schema
@@ -57,7 +58,7 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
     with _collector_paused():
         source = pq.ParquetFile(responses_path)
         lookup = PromptsInStep(prompts_path)
-        first = _FirstPass(setup, lookup, _lazy_index(setup))
+        first = _FirstPass(setup, lookup, _LazyIndex(setup))
         part = Path(out_path).with_name(f".{Path(out_path).name}.part")
         part.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -68,7 +69,7 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
             with atomic_path(out_path) as tmp, pq.ParquetWriter(tmp, schema.tokens()) as w:
                 offset = 0
                 for batch in pq.ParquetFile(part, pre_buffer=False).iter_batches(batch_size=8 * chunk):
-                    t = first.with_settled(_table(batch), settled, offset)
+                    t = first.with_settled(pa.Table.from_batches([batch]), settled, offset)
                     w.write_table(t)
                     offset += t.num_rows
         finally:
@@ -230,19 +231,10 @@ def _ints(rows: list[dict], key: str, name: str) -> dict[str, Any]:
             f"{name}_ok": np.array([v is not None for v in values], dtype=bool)}
 
 
-def _table(batch: Any) -> Any:
-    import pyarrow as pa
-
-    return pa.Table.from_batches([batch])
-
-
-def _lazy_index(setup: Setup) -> Any:
+class _LazyIndex:
     """The logprob-bytes index, built on first use (~1 s for 151k ids): only rows with logprobs
     and no truth ids need it."""
-    return _LazyIndex(setup)
 
-
-class _LazyIndex:
     def __init__(self, setup: Setup):
         self._setup, self._index = setup, None
 
