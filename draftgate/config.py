@@ -219,11 +219,46 @@ class TokensGateParams:
 
 
 @dataclass(frozen=True)
+class HiddenGateParams:
+    pass
+
+
+@dataclass(frozen=True)
+class DrafterGateParams:
+    pass
+
+
+@dataclass(frozen=True)
+class EvalGateParams:
+    pass
+
+
+@dataclass(frozen=True)
 class GatesParams:
     template: TemplateGateParams = field(default_factory=TemplateGateParams)
     prompts: PromptsGateParams = field(default_factory=PromptsGateParams)
     responses: ResponsesGateParams = field(default_factory=ResponsesGateParams)
     tokens: TokensGateParams = field(default_factory=TokensGateParams)
+    hidden: HiddenGateParams = field(default_factory=HiddenGateParams)
+    drafter: DrafterGateParams = field(default_factory=DrafterGateParams)
+    eval: EvalGateParams = field(default_factory=EvalGateParams)
+
+
+# ---------------------------------------------------------------- hidden states, drafter, eval
+
+@dataclass(frozen=True)
+class HiddenParams:
+    pass
+
+
+@dataclass(frozen=True)
+class DrafterParams:
+    pass
+
+
+@dataclass(frozen=True)
+class EvalParams:
+    pass
 
 
 @dataclass(frozen=True)
@@ -236,6 +271,9 @@ class Params:
     serve: ServeParams = field(default_factory=ServeParams)
     reconstruct: ReconstructParams = field(default_factory=ReconstructParams)
     gates: GatesParams = field(default_factory=GatesParams)
+    hidden: HiddenParams = field(default_factory=HiddenParams)
+    drafter: DrafterParams = field(default_factory=DrafterParams)
+    eval: EvalParams = field(default_factory=EvalParams)
 
 
 # ---------------------------------------------------------------- loading
