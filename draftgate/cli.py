@@ -14,6 +14,9 @@ COMMANDS = {
     "contract": ("draftgate.contract", "check the tokenizer contract for a template"),
     "estimate": ("draftgate.client.estimate", "project tokens, cost and wall time before any request"),
     "serve": ("draftgate.serve.local", "serve the local model behind an OpenAI-compatible API"),
+    "lineage": ("draftgate.lineage.lineage", "the stages, data, params, fingerprints and gate verdicts behind an artifact"),
+    "audit": ("draftgate.lineage.audit", "DuckDB tables over every commit and experiment; --diff A B says what changed"),
+    "report": ("draftgate.lineage.report", "reports/index.html: Data Docs, plots as inline SVG, the latest audit"),
 }
 
 
