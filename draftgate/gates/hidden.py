@@ -1,0 +1,434 @@
+"""The hidden gate's producer: what the stored features ARE, recomputed from the raw files and the target.
+
+`compute(inputs, params_path)` (registered in compute.py as "hidden") reads the hidden-state
+directory (shards, index, manifest: docs/hidden-states.md), the tokens table and the target named
+by params.yaml `hidden:`, and returns three tables for expectations/hidden.json's view:
+
+    hidden_rows    one per row found INSIDE the shards (their own prompt_ids metadata and
+                   row_offsets, not the index): ids, loss mask, finiteness, how many completion
+                   tokens the stored final state explains, log-probabilities, and for a seeded
+                   sample of rows the error against the gate's own forward pass
+    hidden_shards  one per shard on disk or in the manifest: actual sha256, bytes, shapes, dtype
+    hidden_facts   one row: the target's config and the layers/dtype params expect, beside what
+                   the manifest claims; the tokens file's actual sha256
+
+Nothing here decides pass or fail: the suite's view compares and its expectations judge with
+thresholds from `gates.hidden`. The manifest is read only for what it claims (hashes, layers) so
+the view can hold the claims against the recomputed values, and for nothing about where rows are.
+
+The independent re-extraction uses the model's own `output_hidden_states` (HF index i+1 for
+0-based decoder layer i) and, for the final state before the norm, the input of the final norm
+module: never the producer's per-layer hooks (docs/hidden-gate.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftgate.gates.compute import Computed
+from draftgate.gates.suite import GateError
+
+FORMAT = "draftgate.hidden/1"
+SHARD_GLOB = "shard-*.safetensors"
+ID_MASK_BYTES = 9            # input_ids int64 + loss_mask uint8, per token
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23}
+LOGIT_CHUNK = 512            # positions per LM-head matmul: 512 x vocab x 4 bytes (~100 MB at 49k)
+
+
+@dataclass(frozen=True)
+class KeptRow:
+    dataset: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+# ------------------------------------------------------------ entry point
+
+def compute(inputs: dict[str, str], params_path: str) -> Computed:
+    from draftgate.config import ParamsError, load_params
+
+    try:
+        params = load_params(params_path)
+    except ParamsError as e:
+        raise GateError(str(e)) from None
+    if "hidden" not in inputs or "tokens" not in inputs:
+        raise GateError("the hidden gate reads the hidden-state directory (artifact `hidden`) and "
+                        "--input tokens=data/tokens/tokens.parquet")
+    hidden_dir = Path(inputs["hidden"])
+    hidden_dir = hidden_dir.parent if hidden_dir.is_file() else hidden_dir
+    tokens_path = Path(inputs["tokens"])
+    if not tokens_path.is_file():
+        raise GateError(f"--input tokens={tokens_path}: not a file; run the reconstruct stage")
+    gp = params.gates.hidden
+    kept = read_kept(tokens_path)
+    target = cached_target(params.hidden, gp.device)
+    layers = expected_layers(params.hidden.layers, target.num_layers)
+    greedy = sampling_is_greedy(gp.sampling, params.generate)
+    manifest = read_manifest(hidden_dir)
+    rows, shards, stored = scan_shards(hidden_dir, manifest, target, kept, greedy, gp.top_k)
+    errors = resample(stored, target, layers, gp.resample_rows, gp.resample_seed)
+    for r in rows:
+        r.update(errors.get((r["shard"], r["row"]), {"resampled": False}))
+        dtype = r.pop("dtype", None)
+        r["tolerance"] = tolerance(dtype, gp.tolerance_eps, gp.min_tolerance)
+    facts = model_facts(manifest, target, layers, params.hidden.dtype, tokens_path)
+    return Computed(tables=as_tables(rows, shards, facts),
+                    report=report(rows, kept, greedy, target, layers, gp))
+
+
+# ------------------------------------------------------------ inputs
+
+def read_kept(tokens_path: Path) -> dict[str, KeptRow]:
+    """The tokens table's kept rows (quarantine_reason IS NULL): the rows features must exist for."""
+    import pyarrow.parquet as pq
+
+    cols = ["prompt_id", "dataset", "input_ids", "loss_mask", "quarantine_reason"]
+    kept: dict[str, KeptRow] = {}
+    try:
+        pf = pq.ParquetFile(tokens_path)
+        for batch in pf.iter_batches(columns=cols, batch_size=4096):
+            for r in batch.to_pylist():
+                if r["quarantine_reason"] is None and r["prompt_id"] not in kept:
+                    kept[r["prompt_id"]] = KeptRow(r["dataset"] or "", r["input_ids"] or [], r["loss_mask"] or [])
+    except Exception as e:  # pyarrow raises several types for a bad file or a missing column
+        raise GateError(f"--input tokens={tokens_path}: unreadable ({' '.join(str(e).split())}); "
+                        "rerun the reconstruct stage") from None
+    return kept
+
+
+_TARGETS: dict[str, Any] = {}
+
+
+def cached_target(hidden_params: Any, device: str) -> Any:
+    """The target, loaded once per process and params (tests run several gates on the same weights)."""
+    from draftgate.config import as_dict
+    from draftgate.hidden.target import TargetError, load_target
+
+    key = json.dumps([as_dict(hidden_params), device], sort_keys=True)
+    if key not in _TARGETS:
+        try:
+            _TARGETS.clear()   # one target resident at a time
+            _TARGETS[key] = load_target(hidden_params, device)
+        except TargetError as e:
+            raise GateError(str(e)) from None
+    return _TARGETS[key]
+
+
+def expected_layers(layers: Any, num_layers: int) -> list[int]:
+    from draftgate.hidden.capture import resolve_layers
+
+    try:
+        return list(resolve_layers(layers, num_layers))
+    except ValueError as e:
+        raise GateError(str(e)) from None
+
+
+def sampling_is_greedy(sampling: str, generate: Any) -> bool:
+    """Whether the completions were decoded greedily (docs/hidden-gate.md, "Greedy or sampled").
+
+    "generate": the temperature of generate's request bodies (extra_body merges last, so its
+    temperature wins). Every row of responses.parquet was answered under exactly these params:
+    a journal line whose request hash differs from the current params' is regenerated, and the
+    hash covers the temperature (draftgate/client/request.py).
+    """
+    if sampling != "generate":
+        return sampling == "greedy"
+    temperature = (generate.extra_body or {}).get("temperature", generate.temperature)
+    return float(temperature) == 0.0
+
+
+def read_manifest(hidden_dir: Path) -> dict:
+    path = hidden_dir / "manifest.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}            # judged by the view: every claim compares as missing
+    except ValueError:
+        return {"_unreadable": True}
+    return doc if isinstance(doc, dict) else {"_unreadable": True}
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+# ------------------------------------------------------------ shards
+
+def scan_shards(hidden_dir: Path, manifest: dict, target: Any, kept: dict[str, KeptRow], greedy: bool,
+                top_k: int) -> tuple[list[dict], list[dict], dict]:
+    """Every shard on disk, row by row, plus manifest shards that are missing on disk.
+
+    Returns (rows, shards, stored): `stored` maps (shard, row) to (ids, aux, final) for the rows
+    the resample may re-extract (kept as views into the loaded shard).
+    """
+    listed = {s.get("name"): s for s in manifest.get("shards") or [] if isinstance(s, dict)}
+    on_disk = sorted(p.name for p in hidden_dir.glob(SHARD_GLOB))
+    rows: list[dict] = []
+    shards: list[dict] = []
+    stored: dict[tuple[str, int], tuple] = {}
+    for name in sorted(set(on_disk) | {n for n in listed if isinstance(n, str)}):
+        claim = listed.get(name, {})
+        fact = {"name": name, "on_disk": name in on_disk, "in_manifest": name in listed,
+                "manifest_sha256": claim.get("sha256"), "manifest_rows": _int(claim.get("rows")),
+                "manifest_tokens": _int(claim.get("tokens")), "sha256": None, "bytes": None,
+                "rows": None, "tokens": None, "dtype": None, "hidden_size": None, "aux_slots": None,
+                "shapes_consistent": None, "problem": None}
+        if name in on_disk:
+            path = hidden_dir / name
+            fact["sha256"] = file_sha256(path)
+            fact["bytes"] = path.stat().st_size
+            try:
+                shard_rows, shard_stored = read_shard(path, fact, target, kept, greedy, top_k)
+            except ShardError as e:
+                fact["problem"] = str(e)
+            else:
+                rows.extend(shard_rows)
+                stored.update(shard_stored)
+        shards.append(fact)
+    return rows, shards, stored
+
+
+class ShardError(ValueError):
+    """A shard the gate cannot read as draftgate.hidden/1 (a missing tensor, bad offsets)."""
+
+
+def read_shard(path: Path, fact: dict, target: Any, kept: dict[str, KeptRow], greedy: bool,
+               top_k: int) -> tuple[list[dict], dict]:
+    import torch
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            names = set(f.keys())
+            missing = {"input_ids", "loss_mask", "row_offsets", "aux", "final"} - names
+            if missing:
+                raise ShardError(f"missing tensors {sorted(missing)}")
+            ids, mask, offsets = f.get_tensor("input_ids"), f.get_tensor("loss_mask"), f.get_tensor("row_offsets")
+            aux, final = f.get_tensor("aux"), f.get_tensor("final")
+    except ShardError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for a truncated or foreign file
+        raise ShardError(f"unreadable as safetensors: {' '.join(str(e).split())}") from None
+    try:
+        prompt_ids = json.loads(meta.get("prompt_ids", "null"))
+    except ValueError:
+        prompt_ids = None
+    if not isinstance(prompt_ids, list):
+        raise ShardError("metadata prompt_ids is not a JSON list")
+    t = int(ids.shape[0])
+    fact.update(rows=len(prompt_ids), tokens=t, dtype=str(aux.dtype).removeprefix("torch."),
+                aux_slots=int(aux.shape[1]) if aux.dim() == 3 else None,
+                hidden_size=int(aux.shape[-1]) if aux.dim() >= 2 else None,
+                format=meta.get("format"))
+    fact["shapes_consistent"] = bool(
+        aux.dim() == 3 and final.dim() == 2 and aux.shape[0] == t and final.shape[0] == t
+        and mask.shape == ids.shape and final.shape[1] == aux.shape[2] and final.dtype == aux.dtype
+        and offsets.dim() == 1 and offsets.numel() == len(prompt_ids) + 1)
+    if not fact["shapes_consistent"]:
+        raise ShardError(f"shapes disagree: input_ids {tuple(ids.shape)}, loss_mask {tuple(mask.shape)}, "
+                         f"aux {tuple(aux.shape)}, final {tuple(final.shape)}, row_offsets {tuple(offsets.shape)} "
+                         f"for {len(prompt_ids)} prompt_ids")
+    bounds = offsets.tolist()
+    if bounds[0] != 0 or bounds[-1] != t or any(b > e for b, e in zip(bounds, bounds[1:])):
+        raise ShardError(f"row_offsets {bounds[:4]}... do not cut [0, {t}) into rows")
+    finite_tok = torch.isfinite(aux.float()).flatten(1).all(1) & torch.isfinite(final.float()).all(1)
+    rows, stored = [], {}
+    for i, pid in enumerate(prompt_ids):
+        a, b = bounds[i], bounds[i + 1]
+        row_ids = ids[a:b]
+        row = {"shard": path.name, "row": i, "prompt_id": pid if isinstance(pid, str) else None,
+               "offset": a, "length": b - a, "input_ids": row_ids.tolist(), "loss_mask": mask[a:b].tolist(),
+               "finite": bool(finite_tok[a:b].all()), "dtype": fact["dtype"]}
+        # Explain the tokens table's ids where the row is kept (the ids check compares the two).
+        ref = kept.get(row["prompt_id"])
+        ref_ids = ref.input_ids if ref is not None else row["input_ids"]
+        ref_mask = ref.loss_mask if ref is not None else row["loss_mask"]
+        row.update(explain(final[a:b], ref_ids, ref_mask, target, greedy, top_k) if row["finite"] else
+                   {"scored": None, "explained": None, "logprob_sum": None})
+        row["greedy"] = greedy
+        rows.append(row)
+        stored[(path.name, i)] = (row_ids, aux[a:b], final[a:b])
+    return rows, stored
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+# ------------------------------------------------------------ features explain the tokens
+
+def explain(final: Any, ids: list[int], mask: list[int], target: Any, greedy: bool, top_k: int) -> dict:
+    """Score the completion tokens: the state at t must predict the token at t+1.
+
+    Positions t with loss_mask[t+1] = 1 (tokens the target generated). Logits = LM head of the
+    final norm of the stored state (stored before the norm: docs/hidden-states.md). A greedy row's
+    token must be the argmax; a sampled row's within the top_k (ties counted in its favour).
+    A row whose stored length differs from the ids scores only the overlap (the ids check fails it).
+    """
+    import torch
+
+    n = min(len(ids), int(final.shape[0]))
+    pos = [t for t in range(n - 1) if mask[t + 1]]
+    if not pos:
+        return {"scored": 0, "explained": 0, "logprob_sum": 0.0}
+    norm, head = target.norm, target.lm_head
+    param = next(norm.parameters())
+    index = torch.tensor(pos)
+    nxt = torch.tensor([ids[t + 1] for t in pos])
+    explained, logprob = 0, 0.0
+    with torch.inference_mode():
+        for s in range(0, len(pos), LOGIT_CHUNK):
+            h = final[index[s:s + LOGIT_CHUNK]].to(device=param.device, dtype=param.dtype)
+            logits = head(norm(h)).float()
+            want = nxt[s:s + LOGIT_CHUNK].to(logits.device)
+            chosen = logits.gather(1, want[:, None])
+            if greedy:
+                hit = logits.argmax(1) == want
+            else:
+                hit = (logits > chosen).sum(1) < top_k
+            explained += int(hit.sum())
+            logprob += float((chosen[:, 0] - torch.logsumexp(logits, 1)).sum())
+    return {"scored": len(pos), "explained": explained, "logprob_sum": logprob}
+
+
+# ------------------------------------------------------------ independent re-extraction
+
+def resample(stored: dict, target: Any, layers: list[int], n: int, seed: int) -> dict:
+    """Re-extract a seeded sample of rows with the model's own output_hidden_states; per row the
+    relative L2 error of each stored aux slot and of the final state."""
+    import torch
+
+    keys = sorted(stored)
+    chosen = random.Random(seed).sample(keys, min(n, len(keys)))
+    base = target.base
+    param = next(base.parameters())
+    out = {}
+    for key in sorted(chosen):
+        ids, aux, final = stored[key]
+        seen: dict[str, Any] = {}
+
+        def grab(_module: Any, args: Any) -> None:   # the final norm's input: the state before it
+            seen["final"] = args[0]
+
+        handle = target.norm.register_forward_pre_hook(grab)
+        try:
+            with torch.inference_mode():
+                res = base(input_ids=ids[None].to(param.device), output_hidden_states=True, use_cache=False)
+        finally:
+            handle.remove()
+        hs = res.hidden_states
+        aux_err = [rel_err(aux[:, j], hs[layer + 1][0]) for j, layer in enumerate(layers[:aux.shape[1]])]
+        worst = None if not aux_err or None in aux_err else max(aux_err)
+        out[key] = {"resampled": True, "aux_error": worst,
+                    "final_error": rel_err(final, seen["final"][0])}
+    return out
+
+
+def rel_err(stored: Any, ref: Any) -> float | None:
+    """||stored - ref|| / ||ref|| in float32; None when shapes differ (a truncated row)."""
+    if tuple(stored.shape) != tuple(ref.shape):
+        return None
+    s, r = stored.float().cpu(), ref.float().cpu()
+    den = float(r.norm())
+    val = float((s - r).norm()) / den if den > 0 else float((s - r).norm())
+    return val if math.isfinite(val) else None
+
+
+def tolerance(dtype: str | None, eps_factor: float, floor: float) -> float:
+    """Allowed relative error for features stored in `dtype`: rounding to it moves each element by
+    at most half an epsilon, so the L2 error of a row is below one epsilon; compute noise (batching,
+    kernels) sits under `floor`."""
+    return max(eps_factor * EPS.get(dtype or "", EPS["float32"]), floor)
+
+
+# ------------------------------------------------------------ manifest claims beside the facts
+
+def model_facts(manifest: dict, target: Any, layers: list[int], dtype: str, tokens_path: Path) -> dict:
+    model = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
+    claimed = manifest.get("layers") if isinstance(manifest.get("layers"), dict) else {}
+    return {
+        "manifest_present": bool(manifest) and not manifest.get("_unreadable"),
+        "manifest_format": manifest.get("format"),
+        "format": FORMAT,
+        "manifest_tokens_sha256": manifest.get("tokens_sha256"),
+        "tokens_sha256": file_sha256(tokens_path),
+        "manifest_hidden_size": _int(model.get("hidden_size")),
+        "hidden_size": target.hidden_size,
+        "manifest_num_layers": _int(model.get("num_hidden_layers")),
+        "num_layers": target.num_layers,
+        "manifest_weights": model.get("weights_fingerprint"),
+        "weights": target.weights_fingerprint,
+        "manifest_layers": json.dumps(claimed.get("eagle3")),
+        "layers": json.dumps(layers),
+        "manifest_hf_layers": json.dumps(claimed.get("hf_hidden_states")),
+        "hf_layers": json.dumps([i + 1 for i in layers]),
+        "manifest_dtype": manifest.get("dtype"),
+        "dtype": dtype,
+        "expected_bytes_per_token": 4 * target.hidden_size * ITEMSIZE[dtype] + ID_MASK_BYTES,
+        "manifest_final_state": manifest.get("final_state"),
+        "manifest_rows": _int(manifest.get("rows")),
+        "manifest_tokens": _int(manifest.get("tokens")),
+    }
+
+
+# ------------------------------------------------------------ outputs
+
+def as_tables(rows: list[dict], shards: list[dict], facts: dict) -> dict:
+    import pyarrow as pa
+
+    row_schema = pa.schema([
+        ("shard", pa.string()), ("row", pa.int64()), ("prompt_id", pa.string()), ("offset", pa.int64()),
+        ("length", pa.int64()), ("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int64())),
+        ("finite", pa.bool_()), ("greedy", pa.bool_()), ("scored", pa.int64()), ("explained", pa.int64()),
+        ("logprob_sum", pa.float64()), ("resampled", pa.bool_()), ("aux_error", pa.float64()),
+        ("final_error", pa.float64()), ("tolerance", pa.float64()),
+    ])
+    shard_schema = pa.schema([
+        ("name", pa.string()), ("on_disk", pa.bool_()), ("in_manifest", pa.bool_()), ("sha256", pa.string()),
+        ("manifest_sha256", pa.string()), ("bytes", pa.int64()), ("rows", pa.int64()), ("tokens", pa.int64()),
+        ("manifest_rows", pa.int64()), ("manifest_tokens", pa.int64()), ("dtype", pa.string()),
+        ("hidden_size", pa.int64()), ("aux_slots", pa.int64()), ("shapes_consistent", pa.bool_()),
+        ("format", pa.string()), ("problem", pa.string()),
+    ])
+    norm_rows = [{k: r.get(k) for k in row_schema.names} for r in rows]
+    norm_shards = [{k: s.get(k) for k in shard_schema.names} for s in shards]
+    return {"hidden_rows": pa.Table.from_pylist(norm_rows, schema=row_schema),
+            "hidden_shards": pa.Table.from_pylist(norm_shards, schema=shard_schema),
+            "hidden_facts": pa.Table.from_pylist([facts])}
+
+
+def report(rows: list[dict], kept: dict[str, KeptRow], greedy: bool, target: Any, layers: list[int],
+           gp: Any) -> dict:
+    """The figures a reviewer reads in the result file: mean log-probability of the completion
+    tokens per dataset (under the target, from the stored states), explained shares, the resample."""
+    per: dict[str, list[float]] = {}
+    scored = explained = 0
+    for r in rows:
+        if r.get("scored"):
+            ds = kept[r["prompt_id"]].dataset if r["prompt_id"] in kept else "(not kept)"
+            acc = per.setdefault(ds, [0.0, 0])
+            acc[0] += r["logprob_sum"]
+            acc[1] += r["scored"]
+            scored += r["scored"]
+            explained += r["explained"]
+    resampled = [{"prompt_id": r["prompt_id"], "aux_error": r.get("aux_error"), "final_error": r.get("final_error"),
+                  "tolerance": r.get("tolerance")} for r in rows if r.get("resampled")]
+    return {
+        "mean_completion_logprob": {ds: round(s / n, 6) for ds, (s, n) in sorted(per.items())},
+        "completion_tokens": {ds: n for ds, (_, n) in sorted(per.items())},
+        "sampling": "greedy (argmax)" if greedy else f"sampled (top-{gp.top_k})",
+        "explained": explained, "scored": scored,
+        "explained_share": round(explained / scored, 6) if scored else None,
+        "layers": layers, "target": {"kind": target.kind, "weights": target.weights_fingerprint,
+                                     "hidden_size": target.hidden_size, "num_layers": target.num_layers},
+        "resampled": resampled,
+    }

@@ -1,0 +1,160 @@
+"""The hidden gate (expectations/hidden.json + draftgate/gates/hidden.py) on real SmolLM2 features.
+
+Three chat prompts answered greedily by the local SmolLM2, their features captured by the hidden
+package's capture code into a draftgate.hidden/1 directory: the gate passes. Then each corruption
+a buggy or crashed extractor could leave is written as a self-consistent artifact (shards, index
+and manifest agree with each other, as a producer with that bug would write them), and the gate
+fails on exactly the check that sees it: a dropped row, a shifted id, a NaN, features shifted by
+one position, a wrong layer list, features from perturbed weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_hidden_gate_files import (
+    FeatureRow,
+    capture_features,
+    run_hidden_gate,
+    write_hidden_dir,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+QUESTIONS = [("chat", "What colour is the sky on a clear day?"),
+             ("code", "Write a Python function that adds two numbers."),
+             ("chat", "Name three fruits.")]
+COMPLETION_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Tokens table (3 kept greedy rows + 1 quarantined), params with temperature 0, clean features."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftgate.serve.model import Sampling, generate_batch, load
+
+    root = tmp_path_factory.mktemp("hidden_gate")
+    lm = load("cpu")
+    prompts = [lm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False) for _, q in QUESTIONS]
+    gens = generate_batch(lm, prompts, [Sampling(max_tokens=COMPLETION_TOKENS)] * len(prompts))
+    records = []
+    for i, ((dataset, _), prompt, gen) in enumerate(zip(QUESTIONS, prompts, gens)):
+        ids = list(prompt) + gen.ids
+        records.append({"prompt_id": f"p{i}", "dataset": dataset, "input_ids": ids,
+                        "loss_mask": [0] * len(prompt) + [1] * len(gen.ids), "quarantine_reason": None})
+    records.append({"prompt_id": "quarantined", "dataset": "chat", "input_ids": records[0]["input_ids"],
+                    "loss_mask": records[0]["loss_mask"], "quarantine_reason": "billing_mismatch"})
+    tokens = root / "tokens.parquet"
+    pq.write_table(pa.Table.from_pylist(records, schema=pa.schema([
+        ("prompt_id", pa.string()), ("dataset", pa.string()), ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())), ("quarantine_reason", pa.string())])), tokens)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["generate"]["temperature"] = 0.0          # the rows above are greedy
+    params.setdefault("gates", {})["hidden"] = {"resample_rows": 3, "resample_seed": 0}
+    params_path = root / "params.yaml"
+    params_path.write_text(yaml.safe_dump(params))
+    kept = [r for r in records if r["quarantine_reason"] is None]
+    features = capture_features(kept)
+    clean = root / "clean"
+    write_hidden_dir(clean, features, tokens)
+    return {"root": root, "tokens": tokens, "params": params_path, "kept": kept, "features": features,
+            "clean": clean}
+
+
+def gate(world, hidden_dir):
+    return run_hidden_gate(hidden_dir, world["tokens"], world["params"])
+
+
+def failed(result) -> set[str]:
+    """The subjects (columns) of the failed expectations."""
+    return {e["kwargs"].get("column", e["type"]) for e in result["expectations"] if not e["success"]}
+
+
+def variant(world, name, rows, **manifest):
+    out = world["root"] / name
+    shutil.rmtree(out, ignore_errors=True)
+    write_hidden_dir(out, rows, world["tokens"], **manifest)
+    return out
+
+
+def test_the_gate_passes_on_clean_features_and_reports_per_dataset_logprobs(world):
+    result = gate(world, world["clean"])
+    assert failed(result) == set(), json.dumps(result["expectations"], indent=1)[:3000]
+    report = result["computed"]["report"]
+    assert set(report["mean_completion_logprob"]) == {"chat", "code"}
+    assert all(v < 0 for v in report["mean_completion_logprob"].values())
+    assert report["explained_share"] == 1.0                  # greedy rows: every token is the argmax
+    assert len(report["resampled"]) == 3
+    assert all(r["aux_error"] < 4e-3 and r["final_error"] < 4e-3 for r in report["resampled"])  # bf16 rounding
+
+
+def test_a_dropped_row_fails_as_a_kept_row_without_features(world):
+    out = variant(world, "dropped", world["features"][:-1])
+    assert failed(gate(world, out)) == {"kept_row_without_features"}
+
+
+def test_a_shifted_id_fails_the_ids_comparison(world):
+    rows = copy.deepcopy(world["features"])
+    ids = rows[1].input_ids
+    ids[5] = (ids[5] + 1) % 49152
+    assert "ids_differ" in failed(gate(world, variant(world, "shifted_id", rows)))
+
+
+def test_a_nan_fails_finiteness(world):
+    rows = copy.deepcopy(world["features"])
+    rows[2].aux[3, 1, 7] = float("nan")
+    assert failed(gate(world, variant(world, "nan", rows))) >= {"non_finite_features"}
+
+
+def test_features_shifted_by_one_position_do_not_explain_the_tokens(world):
+    import torch
+
+    rows = copy.deepcopy(world["features"])
+    for r in rows:   # an off-by-one in the extractor: position t holds the state of t+1
+        r.aux = torch.cat([r.aux[1:], r.aux[-1:]])
+        r.final = torch.cat([r.final[1:], r.final[-1:]])
+    assert {"greedy_explained_share", "reextraction_differs"} <= failed(gate(world, variant(world, "shifted", rows)))
+
+
+def test_features_from_a_wrong_layer_list_fail_the_reextraction(world):
+    rows = capture_features(world["kept"], layers=[2, 14, 26])
+    # The manifest claims the configured layers: only the re-extraction can tell.
+    assert failed(gate(world, variant(world, "wrong_layers", rows))) == {"reextraction_differs"}
+
+
+def test_a_manifest_that_names_another_layer_list_fails(world):
+    out = variant(world, "claims_other_layers", capture_features(world["kept"], layers=[2, 14, 26]),
+                  layers=[2, 14, 26])
+    assert {"layers_match", "reextraction_differs"} <= failed(gate(world, out))
+
+
+def test_features_from_perturbed_weights_fail(world):
+    rows = capture_features(world["kept"], perturb=0.05)
+    fails = failed(gate(world, variant(world, "perturbed", rows)))
+    assert "reextraction_differs" in fails and "greedy_explained_share" in fails
+
+
+def test_a_shard_changed_after_the_manifest_fails_its_hash(world):
+    out = world["root"] / "tampered"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(world["clean"], out)
+    shard = next(out.glob("shard-*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    start = 8 + int.from_bytes(data[:8], "little") + header["aux"]["data_offsets"][0]
+    data[start + 100] ^= 0x01        # the lowest mantissa bit of one bfloat16 aux value (little-endian)
+    shard.write_bytes(bytes(data))
+    assert failed(gate(world, out)) == {"shards_hash_mismatch"}
+
+
+def test_features_for_another_tokens_table_fail_the_tokens_hash(world):
+    out = variant(world, "other_tokens", world["features"], tokens_sha256="0" * 64)
+    assert failed(gate(world, out)) == {"tokens_hash_matches"}
