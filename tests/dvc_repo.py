@@ -223,3 +223,42 @@ def new_repo(root: Path) -> Repo:
     (root / "expectations" / "tokens.json").write_text(json.dumps(SUITE, indent=1) + "\n")
     repo.commit("pipeline")
     return repo
+
+
+def with_history(root: Path) -> Repo:
+    """Two commits and one experiment, the workspace back at HEAD:
+
+    run 1   reconstruct.method=auto: no mismatches, acceptance 2.5
+    run 2   reconstruct.method=text: 2 of 8 rows differ (0.25); new tokens, new drafter
+    seed3   an experiment on run 2 with train.seed=3: a new drafter from the same tokens
+    """
+    repo = new_repo(root)
+    repo.run("dvc", "repro", "-q")
+    repo.commit("run 1: auto")
+    repo.set(reconstruct__method="text")
+    repo.run("dvc", "repro", "-q")
+    repo.commit("run 2: text")
+    repo.run("dvc", "exp", "run", "-q", "-S", "train.seed=3", "-n", "seed3")
+    restore(repo)
+    return repo
+
+
+def restore(repo: Repo) -> None:
+    """The workspace back at HEAD: git's files, then DVC's cached outs to match HEAD's dvc.lock."""
+    repo.run("git", "checkout", "-q", "--", ".")
+    repo.run("git", "clean", "-qfd", "--", "metrics", "plots", "data/gates")
+    repo.run("dvc", "checkout", "-q", "--force")
+
+
+def history_copy(tmp_path_factory: Any, name: str) -> Repo:
+    """A private copy of `with_history`'s repository: built once per test process (~20 s on 2 busy
+    cores), copied per test module (git, DVC cache, experiments and all) so modules can change theirs."""
+    import shutil
+
+    template = tmp_path_factory.getbasetemp() / "dvc-history"
+    if not (template / ".git").is_dir():
+        shutil.rmtree(template, ignore_errors=True)
+        with_history(template)
+    dest = tmp_path_factory.mktemp(name)
+    shutil.copytree(template, dest, symlinks=True, dirs_exist_ok=True)
+    return Repo(dest)

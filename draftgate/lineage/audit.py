@@ -97,6 +97,8 @@ class Revision:
 
 def collect(snap: Snapshot) -> Revision | None:
     pipe = Pipeline.at(snap)
+    if snap.kind == "failed":
+        return Revision(snap, pipe)      # a row saying so: its name and DVC's error, no data
     if not pipe.stages:
         return None
     rev = Revision(snap, pipe)
@@ -126,8 +128,8 @@ def collect(snap: Snapshot) -> Revision | None:
     return rev
 
 
-def collect_all(root: Path, with_experiments: bool = True) -> list[Revision]:
-    revs = [r for r in (collect(s) for s in history(root, with_experiments)) if r is not None]
+def collect_all(root: Path, with_experiments: bool = True, with_failed: bool = False) -> list[Revision]:
+    revs = [r for r in (collect(s) for s in history(root, with_experiments, with_failed=with_failed)) if r is not None]
     for r in revs:
         r.snap.reader and r.snap.reader.close()
     return revs
@@ -182,9 +184,9 @@ def summary(revs: list[Revision]) -> list[dict]:
     outs = list(dict.fromkeys(a["path"] for r in revs for a in r.artifacts
                               if a["role"] == "out" and not a["path"].endswith(".details.json")))
     rows = []
-    for r in revs:
+    for seq, r in enumerate(revs):
         s = r.snap
-        row: dict[str, Any] = {"run": r.run, "kind": s.kind, "rev": s.rev, "baseline": s.baseline,
+        row: dict[str, Any] = {"run": r.run, "seq": seq, "kind": s.kind, "rev": s.rev, "baseline": s.baseline,
                                "committed_at": _when(s), "subject": s.subject}
         for name in HEADLINES:
             row[name] = r.headline(name)
@@ -239,15 +241,21 @@ def _write_summary(con: Any, rows: list[dict]) -> None:
         con.execute("CREATE TABLE summary (run VARCHAR)")
         return
     cols = list(rows[0])
-    types = {c: _sql_type([r[c] for r in rows]) for c in cols}
+    types = {c: FIXED_TYPES.get(c) or _sql_type([r[c] for r in rows]) for c in cols}
     con.execute(f"CREATE TABLE summary ({', '.join(f'{c} {types[c]}' for c in cols)})")
     con.executemany(f"INSERT INTO summary VALUES ({', '.join('?' * len(cols))})", [[r[c] for c in cols] for r in rows])
+
+
+FIXED_TYPES = {**{name: "DOUBLE" for name in HEADLINES}, "seq": "INTEGER", "committed_at": "TIMESTAMP",
+               "spent_usd": "DOUBLE", "wasted_usd": "DOUBLE", "gates_passed": "INTEGER", "gates_failed": "INTEGER"}
 
 
 def _sql_type(values: list[Any]) -> str:
     present = [v for v in values if v is not None]
     if present and all(isinstance(v, bool) for v in present):
         return "BOOLEAN"
+    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return "BIGINT"
     if present and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
         return "DOUBLE"
     if present and all(isinstance(v, datetime) for v in present):
@@ -375,9 +383,10 @@ def render(rows: list[dict], fmt: str, columns: list[str] | None = None) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(row) for row in cells]) + "\n"
 
 
-def build(root: str | Path = ".", db: str | Path | None = DEFAULT_DB, with_experiments: bool = True) -> list[Revision]:
+def build(root: str | Path = ".", db: str | Path | None = DEFAULT_DB, with_experiments: bool = True,
+          with_failed: bool = False) -> list[Revision]:
     root = repo_root(root)
-    revs = collect_all(root, with_experiments)
+    revs = collect_all(root, with_experiments, with_failed)
     if db:
         write_db(revs, root / db if not Path(db).is_absolute() else db)
     return revs
@@ -393,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "'' for none")
     ap.add_argument("--wide", action="store_true", help="every summary column (csv always has them all)")
     ap.add_argument("--no-exp", action="store_true", help="commits and the workspace only, no experiments")
+    ap.add_argument("--no-dvc", action="store_true",
+                    help="read git only: no `dvc exp show` for failed experiments (saved ones come from git)")
     ap.add_argument("--repo", default=".", help="the project's root (default: the current directory's repository)")
     args = ap.parse_args(argv)
     try:
@@ -406,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(render(rows, args.format, ["section", "key", "a", "b"]) if rows else
                              f"no difference between {args.diff[0]} and {args.diff[1]}\n")
             return 0
-        revs = build(root, args.db or None, not args.no_exp)
+        revs = build(root, args.db or None, not args.no_exp, with_failed=not (args.no_exp or args.no_dvc))
     except RevisionError as e:
         print(f"draftgate audit: {e}", file=sys.stderr)
         return 2

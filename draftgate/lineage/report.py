@@ -16,6 +16,7 @@ import argparse
 import csv
 import html
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from draftgate.lineage.pipeline import Pipeline
 from draftgate.lineage.snapshot import WORKSPACE, RevisionError, open_revision, repo_root
 
 DEFAULT_OUT = "reports/index.html"
+REPORT_CMD = re.compile(r"(^|\s)draftgate\s+report(\s|$)")     # this page's own stage: not an artifact to trace
 DATA_DOCS = "reports/data_docs/index.html"
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 640, 300, 56, 48, 28, 16
 COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
@@ -218,7 +220,7 @@ def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | 
 def final_artifacts(pipe: Pipeline) -> list[str]:
     """The data outs of the stages the pipeline ends in: stages that ran whose outs no other
     producing stage reads (gates read them, and are left out: they check, they do not consume)."""
-    producing = [st for st in pipe.stages.values() if not st.is_gate]
+    producing = [st for st in pipe.stages.values() if not st.is_gate and not REPORT_CMD.search(st.cmd)]
     sinks = [st for st in producing if st.locked and not any(
         s.name != st.name and any(_overlaps(d.path, o.path) for d in s.deps for o in st.data_outs) for s in producing)]
     return [o.path for st in sinks for o in st.data_outs]

@@ -80,7 +80,7 @@ def cache_dir(root: Path) -> Path:
 @dataclass
 class Snapshot:
     root: Path
-    kind: str                 # workspace | commit | experiment
+    kind: str                 # workspace | commit | experiment | failed (an experiment that saved nothing)
     rev: str | None           # full sha; None for the workspace
     name: str                 # what a user types: workspace, a short sha, an experiment's name
     baseline: str | None = None      # an experiment's parent commit
@@ -94,6 +94,8 @@ class Snapshot:
         return self.name if self.kind != "commit" else self.rev[:8]  # type: ignore[index]
 
     def git_bytes(self, path: str) -> bytes | None:
+        if self.kind == "failed":       # a failed experiment left no files anywhere
+            return None
         if self.rev is None:
             p = self.root / path
             return p.read_bytes() if p.is_file() else None
@@ -173,6 +175,31 @@ def experiments(root: Path) -> list[tuple[str, str, str]]:
     return found
 
 
+def failed_experiments(root: Path) -> list[tuple[str, str]]:
+    """(name, error) of experiments `dvc exp show --json` lists as failed: a queued run that stopped
+    (a failed gate, a crash) leaves no commit under refs/exps, only this entry and `dvc queue logs`.
+    Best effort: no dvc, or dvc failing, gives none (the saved experiments come from git anyway)."""
+    import shutil
+    import sys
+
+    dvc = shutil.which("dvc") or str(Path(sys.executable).parent / "dvc")
+    try:
+        out = subprocess.run([dvc, "exp", "show", "--json", "--all-branches"], cwd=root, capture_output=True,
+                             text=True, timeout=120)
+        baselines = json.loads(out.stdout) if out.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return []
+    failed = []
+    for base in baselines:
+        for exp in base.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                err = rev.get("error")
+                if err:
+                    failed.append((rev.get("name") or exp.get("name") or rev["rev"][:8],
+                                   err.get("msg", "failed") if isinstance(err, dict) else str(err)))
+    return failed
+
+
 def _commit_info(root: Path, rev: str) -> tuple[int, str]:
     out = git(root, "show", "-s", "--format=%ct%x1f%s", rev)
     stamp, _, subject = out.strip().partition("\x1f")
@@ -204,9 +231,11 @@ def _head(root: Path) -> str | None:
     return out.stdout.strip() or None
 
 
-def history(root: Path, with_experiments: bool = True, with_workspace: bool = True) -> list[Snapshot]:
+def history(root: Path, with_experiments: bool = True, with_workspace: bool = True,
+            with_failed: bool = False) -> list[Snapshot]:
     """Every revision worth a row: each commit on HEAD's history or a branch that changed dvc.lock
-    (oldest first), each saved experiment, and the workspace (what `dvc repro` left on disk now)."""
+    (oldest first), each saved experiment, each failed one (`with_failed`: asks `dvc exp show`),
+    and the workspace (what `dvc repro` left on disk now)."""
     reader = GitReader(root)
     log = git(root, "log", "--format=%H%x1f%ct%x1f%s", "HEAD", "--branches", "--", "dvc.lock", check=False)
     snaps = []
@@ -214,10 +243,16 @@ def history(root: Path, with_experiments: bool = True, with_workspace: bool = Tr
         sha, stamp, subject = line.split("\x1f", 2)
         snaps.append(Snapshot(root, "commit", sha, sha[:8], timestamp=int(stamp), subject=subject, reader=reader))
     if with_experiments:
+        exps = []
         for name, sha, base in experiments(root):
             stamp, subject = _commit_info(root, sha)
-            snaps.append(Snapshot(root, "experiment", sha, name, baseline=base, timestamp=stamp, subject=subject,
-                                  reader=reader))
+            exps.append(Snapshot(root, "experiment", sha, name, baseline=base, timestamp=stamp, subject=subject,
+                                 reader=reader))
+        snaps += sorted(exps, key=lambda s: (s.timestamp or 0, s.name))
+    if with_failed:
+        saved = {s.name for s in snaps}
+        snaps += [Snapshot(root, "failed", None, name, subject=error) for name, error in failed_experiments(root)
+                  if name not in saved]
     if with_workspace and (root / "dvc.lock").is_file():
         snaps.append(Snapshot(root, WORKSPACE, None, WORKSPACE, baseline=_head(root)))
     return snaps

@@ -1,0 +1,88 @@
+"""`draftgate report`: one static page that reads offline; rendered in headless Chromium where installed,
+and every link checked to resolve to a file either way."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from dvc_repo import Repo, history_copy
+from draftgate.lineage import report
+
+
+class Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links: list[tuple[str, str, str]] = []     # (tag, attribute, value)
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("href", "src") and value is not None:
+                self.links.append((tag, name, value))
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> tuple[Repo, Path]:
+    repo = history_copy(tmp_path_factory, "report")
+    docs = repo.root / "reports" / "data_docs" / "index.html"   # what the gate stages write
+    docs.parent.mkdir(parents=True)
+    docs.write_text("<html><body>Data Docs</body></html>\n")
+    assert report.main(["--repo", str(repo.root)]) == 0
+    return repo, repo.root / "reports" / "index.html"
+
+
+def test_every_link_resolves_to_a_file_and_nothing_loads_from_the_network(page):
+    repo, index = page
+    html = index.read_text(encoding="utf-8")
+    parser = Links()
+    parser.feed(html)
+    targets = {v for _, _, v in parser.links}
+    assert {"data_docs/index.html", "../plots/mismatch.csv", "../plots/loss.csv", "audit.csv", "audit.duckdb"} <= targets
+    for tag, attr, value in parser.links:
+        assert not re.match(r"^[a-z][a-z0-9+.-]*:", value), f"<{tag} {attr}={value!r}> is not a relative file"
+        assert (index.parent / value).is_file(), f"<{tag} {attr}={value!r}> does not resolve to a file"
+    assert "<script" not in html and "@import" not in html and "url(" not in html
+
+
+def test_each_declared_plot_is_an_inline_svg_and_the_audit_lists_every_revision(page):
+    repo, index = page
+    html = index.read_text(encoding="utf-8")
+    assert html.count("<svg") == 2                             # plots/mismatch.csv and plots/loss.csv
+    assert "<polyline" in html and "<rect" in html             # loss by step: a line; mismatch by dataset: bars
+    for run in ("seed3", "workspace", repo.run("git", "rev-parse", "--short=8", "HEAD").stdout.strip()):
+        assert f"<td>{run}</td>" in html
+    assert "gate_tokens" in html and "data/drafter" in html   # gate verdicts; the final artifact's lineage
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium: the link check above still runs")
+def test_headless_chromium_renders_the_page_offline(page, tmp_path):
+    _, index = page
+    # Every host unresolvable: a page that needed the network would render without it, visibly.
+    out = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=" + str(tmp_path),
+                          "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=2000", "--dump-dom",
+                          index.as_uri()], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    dom = out.stdout
+    assert "<h1>draftgate report</h1>" in dom
+    assert dom.count("<svg") == 2 and "seed3" in dom
+
+
+def test_a_categorical_x_draws_bars_and_a_numeric_x_draws_a_line():
+    bars = report.svg_chart("m", [{"dataset": "chat", "rate": "0.05"}, {"dataset": "code", "rate": "0.15"}],
+                            "dataset", ["rate"])
+    assert bars.count("<rect") == 2 + 1 and "<polyline" not in bars      # two bars and a legend swatch
+    line = report.svg_chart("loss", [{"step": str(s), "loss": str(1 / (s + 1))} for s in range(4)], "step", ["loss"])
+    assert "<polyline" in line and line.count(",") >= 4
+    assert "no numeric data" in report.svg_chart("e", [], "x", ["y"])
+
+
+def test_plot_columns_follow_dvc_yaml_or_default_to_every_numeric_column():
+    rows = [{"step": "0", "loss": "1.0", "name": "a"}]
+    assert report.series_of({"x": "step", "y": "loss"}, ["step", "loss", "name"], rows) == ("step", ["loss"])
+    assert report.series_of({"y": {"plots/x.csv": ["loss"]}}, ["step", "loss"], rows) == (None, ["loss"])
+    assert report.series_of({}, ["step", "loss", "name"], rows) == (None, ["step", "loss"])
