@@ -1,0 +1,26 @@
+"""vLLM's n-gram (prompt lookup) proposer rule, as a pure function (docs/evaluation.md).
+
+The longest suffix n-gram of prompt + output, n from `n_max` down to `n_min`, that also occurs
+earlier in the sequence; of its occurrences, the earliest; propose up to k tokens that follow it.
+vLLM's default when neither bound is set is 5..5.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def propose(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Draft up to `k` tokens continuing `tokens` by prompt lookup; [] when no n-gram recurs."""
+    if k < 1 or n_min < 1 or n_min > n_max:
+        raise ValueError(f"need k >= 1 and 1 <= n_min <= n_max, got k={k}, n_min={n_min}, n_max={n_max}")
+    seq = list(tokens)
+    size = len(seq)
+    for n in range(min(n_max, size - 1), n_min - 1, -1):
+        suffix = seq[size - n:]
+        first = suffix[0]
+        # Occurrences that end before the suffix itself starts ending: start < size - n.
+        for start in range(size - n):
+            if seq[start] == first and seq[start:start + n] == suffix:
+                return seq[start + n:start + n + k]
+    return []
