@@ -86,3 +86,20 @@ def test_plot_columns_follow_dvc_yaml_or_default_to_every_numeric_column():
     assert report.series_of({"x": "step", "y": "loss"}, ["step", "loss", "name"], rows) == ("step", ["loss"])
     assert report.series_of({"y": {"plots/x.csv": ["loss"]}}, ["step", "loss"], rows) == (None, ["loss"])
     assert report.series_of({}, ["step", "loss", "name"], rows) == (None, ["step", "loss"])
+
+
+def test_the_report_stage_if_present_comes_after_every_gate_and_plot():
+    import yaml
+
+    stages = yaml.safe_load((Path(__file__).resolve().parents[1] / "dvc.yaml").read_text())["stages"]
+    stage = next((s for s in stages.values() if report.REPORT_CMD.search(str(s.get("cmd", "")))), None)
+    if stage is None:
+        pytest.skip("dvc.yaml has no `draftgate report` stage yet")
+    deps = {d if isinstance(d, str) else next(iter(d)) for d in stage.get("deps", [])}
+
+    def paths(s: dict, key: str) -> list[str]:
+        return [p if isinstance(p, str) else next(iter(p)) for p in s.get(key) or []]
+    gates = {m for s in stages.values() if "draftgate validate" in str(s.get("cmd", "")) for m in paths(s, "metrics")}
+    plots = {p for s in stages.values() for p in paths(s, "plots")}
+    assert not gates - deps, f"the report stage should list every gate's metric among its deps: add {sorted(gates - deps)}"
+    assert not plots - deps, f"the report stage should list every plot among its deps: add {sorted(plots - deps)}"

@@ -40,7 +40,11 @@ HEADLINES: dict[str, list[str]] = {
     "billing_agreement": [r"^datasets\.all\.billing_row_agreement$", r"^billing\.completion\.row_agreement$"],
     "prompt_billing_agreement": [r"^datasets\.all\.prompt_billing_row_agreement$",
                                  r"^billing\.prompt\.row_agreement$"],
-    "acceptance_length": [r"^acceptance_length$", r"(^|\.)(mean_)?acceptance_length$", r"(^|\.)accept(ance)?_len$"],
+    # The eval stage's metric (stages/eval.py): the drafter's figures under `drafter.` (ngram, oracle
+    # and random baselines sit beside it and must not be taken for it).
+    "acceptance_length": [r"^acceptance_length$", r"^drafter\.acceptance_length$", r"^runs\.eagle3\.acceptance_length$"],
+    "acceptance_ci95_low": [r"^ci95\.low$", r"^drafter\.ci95\.low$"],
+    "acceptance_ci95_high": [r"^ci95\.high$", r"^drafter\.ci95\.high$"],
 }
 
 TABLES = {
