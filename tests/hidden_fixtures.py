@@ -35,6 +35,37 @@ def token_rows(tok, n: int = len(TEXTS)) -> list[dict]:
     return rows
 
 
+def quarantined(row: dict, reason: str = "billing_mismatch") -> dict:
+    return {**row, "prompt_id": row["prompt_id"] + "-q", "quarantine_reason": reason}
+
+
+def write_params(path: Path, **hidden) -> Path:
+    """params.yaml with the defaults, but `hidden` overridden (small shards, CPU)."""
+    import yaml
+
+    data = {"hidden": {"device": "cpu", **hidden}}
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def write_gate(path: Path, success: bool = True) -> Path:
+    import json
+
+    path.write_text(json.dumps({"success": success, "checks": 3, "failed": 0 if success else 1}))
+    return path
+
+
+def stage_args(work: Path, out: Path, params: Path) -> list[str]:
+    return ["--params", str(params), "--tokens", str(work / "tokens.parquet"), "--gate", str(work / "gate.json"),
+            "--out", str(out), "--metrics", str(out.parent / (out.name + "-metrics") / "hidden.json")]
+
+
+def metrics_of(out: Path) -> dict:
+    import json
+
+    return json.loads((out.parent / (out.name + "-metrics") / "hidden.json").read_text())
+
+
 def write_tokens(path: Path, rows: list[dict]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
