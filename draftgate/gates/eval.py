@@ -1,0 +1,163 @@
+"""The eval gate's producer: is speculative decoding lossless? Recomputed with the target.
+
+`compute(inputs, params_path)` (registered in compute.py as "eval") reads the eval stage's
+outputs (artifact `eval`: data/eval/outputs.parquet), the tokens table (the held-out prompts, cut
+from input_ids by loss_mask here, never taken from the outputs) and the contract (the end id),
+loads the target named by params.yaml `hidden:` and runs PLAIN greedy decoding for every
+held-out prompt the outputs name: one token per forward, with max_new_tokens from `eval:`.
+
+    eval_checks   one per outputs row: the output against the gate's greedy ids; at the first
+                  divergence, the target's top two logits there (a divergence is a tie when the
+                  output took the runner-up within `gates.eval.tie_tolerance`), and after a tie
+                  the rest of the output teacher-forced (each token the argmax within tolerance);
+                  the stop rule and the per-step counts re-derived from the lists themselves
+    eval_facts    one row: the prompts expected (kept held-out rows, eval.max_prompts), k,
+                  max_new_tokens, the tolerance
+
+Nothing here decides: expectations/eval.json's view compares and judges (docs/evaluation.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from draftgate.gates.compute import Computed
+from draftgate.gates.suite import GateError
+
+
+def compute(inputs: dict[str, str], params_path: str) -> Computed:
+    import pyarrow as pa
+
+    from draftgate.config import ParamsError, load_params
+    from draftgate.evaluate.run import EvalError, end_ids_from_contract, heldout_rows
+
+    try:
+        params = load_params(params_path)
+    except ParamsError as e:
+        raise GateError(str(e)) from None
+    missing = [n for n in ("eval", "tokens", "contract") if n not in inputs]
+    if missing:
+        raise GateError(f"the eval gate reads the outputs (artifact `eval`), --input tokens=data/tokens/tokens.parquet "
+                        f"and --input contract=data/contract/contract.json; missing: {', '.join(missing)}")
+    ep, gp = params.eval, params.gates.eval
+    try:
+        prompts = {h.prompt_id: h for h in heldout_rows(inputs["tokens"], None)}
+        expected = len(heldout_rows(inputs["tokens"], ep.max_prompts))
+        end_ids = end_ids_from_contract(inputs["contract"])
+    except EvalError as e:
+        raise GateError(str(e)) from None
+    outputs = read_outputs(inputs["eval"])
+
+    from draftgate.hidden.target import load_target
+
+    target = load_target(params.hidden, ep.device)
+    greedy = {}
+    for pid in dict.fromkeys(r["prompt_id"] for r in outputs):
+        if pid in prompts:
+            greedy[pid] = _greedy(target, prompts[pid].prompt, ep.max_new_tokens, end_ids)
+    rows = [check_row(r, prompts.get(r["prompt_id"]), greedy.get(r["prompt_id"]), target, ep.k,
+                      ep.max_new_tokens, end_ids, gp.tie_tolerance) for r in outputs]
+    facts = [{"expected_prompts": expected, "k": ep.k, "max_new_tokens": ep.max_new_tokens,
+              "tie_tolerance": gp.tie_tolerance, "greedy_prompts": len(greedy)}]
+    report = {"greedy_prompts": len(greedy), "rows": len(rows),
+              "exact_rows": sum(1 for r in rows if r["exact"]),
+              "tie_rows": sum(1 for r in rows if r["tie"]),
+              "unexplained_rows": sum(1 for r in rows if r["unexplained"] > 0)}
+    return Computed(tables={"eval_checks": pa.Table.from_pylist(rows, schema=checks_schema()),
+                            "eval_facts": pa.Table.from_pylist(facts)}, report=report)
+
+
+def checks_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([
+        ("proposer", pa.string()), ("setting", pa.string()), ("prompt_id", pa.string()),
+        ("heldout", pa.bool_()), ("n_output", pa.int64()), ("n_greedy", pa.int64()),
+        ("exact", pa.bool_()), ("first_divergence", pa.int64()), ("divergence_gap", pa.float64()),
+        ("tie", pa.bool_()), ("ties_after", pa.int64()), ("unexplained", pa.int64()),
+        ("stop_ok", pa.bool_()), ("steps_ok", pa.bool_()), ("verify_forwards", pa.int64())])
+
+
+def read_outputs(path: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    p = p / "outputs.parquet" if p.is_dir() else p
+    cols = ["proposer", "setting", "prompt_id", "output_ids", "drafted", "accepted", "emitted"]
+    try:
+        return pq.read_table(p, columns=cols).to_pylist()
+    except FileNotFoundError:
+        raise GateError(f"{p}: not found; run the eval stage (dvc repro eval)") from None
+    except Exception as e:  # pyarrow's own error types
+        raise GateError(f"{p}: unreadable or missing columns {cols} ({type(e).__name__}: {e}); "
+                        "rerun the eval stage") from None
+
+
+def _greedy(target: Any, prompt: list[int], max_new_tokens: int, end_ids: frozenset[int]) -> Any:
+    from draftgate.evaluate.loop import greedy_decode
+
+    return greedy_decode(target.model, target.device, prompt, max_new_tokens, end_ids)
+
+
+def check_row(r: dict, held: Any, greedy: Any, target: Any, k: int, max_new_tokens: int,
+              end_ids: frozenset[int], tol: float) -> dict:
+    out = list(r["output_ids"] or [])
+    drafted, accepted, emitted = (list(r[c] or []) for c in ("drafted", "accepted", "emitted"))
+    row = {"proposer": r["proposer"], "setting": r["setting"], "prompt_id": r["prompt_id"],
+           "heldout": held is not None, "n_output": len(out), "n_greedy": None, "exact": False,
+           "first_divergence": None, "divergence_gap": None, "tie": False, "ties_after": 0,
+           "unexplained": 0, "stop_ok": stop_ok(out, max_new_tokens, end_ids),
+           "steps_ok": steps_ok(out, drafted, accepted, emitted, k), "verify_forwards": len(emitted)}
+    if greedy is None:
+        return row
+    ref = greedy.ids
+    row["n_greedy"] = len(ref)
+    if out == ref:
+        row["exact"] = True
+        return row
+    p = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+    row["first_divergence"] = p
+    if p >= len(out) or p >= len(ref):
+        row["unexplained"] = 1          # one stopped where the other went on: no tie explains that
+        return row
+    top_id, top_v, second_id, second_v = greedy.top2[p]
+    row["divergence_gap"] = top_v - second_v
+    if out[p] != second_id or top_v - second_v > tol:
+        row["unexplained"] = 1
+        return row
+    row["tie"] = True
+    # After a tie the two sequences may part for good; what follows must still be the target's
+    # own greedy choice given the output so far, each token the argmax within the tolerance.
+    from draftgate.evaluate.loop import teacher_forced_logits
+
+    logits = teacher_forced_logits(target.model, target.device, held.prompt, out)
+    chosen = logits.gather(-1, _col(out, logits)).squeeze(-1)
+    gaps = (logits.max(-1).values - chosen)[p + 1:]
+    row["unexplained"] = int((gaps > tol).sum())
+    row["ties_after"] = int(((gaps > 0) & (gaps <= tol)).sum())
+    return row
+
+
+def _col(ids: list[int], like: Any) -> Any:
+    import torch
+
+    return torch.tensor(ids, dtype=torch.long, device=like.device)[:, None]
+
+
+def stop_ok(out: list[int], max_new_tokens: int, end_ids: frozenset[int]) -> bool:
+    """Greedy's stop rule: no end id before the last token; without one, exactly max_new_tokens."""
+    if not out or len(out) > max_new_tokens or any(t in end_ids for t in out[:-1]):
+        return False
+    return out[-1] in end_ids or len(out) == max_new_tokens
+
+
+def steps_ok(out: list[int], drafted: list[int], accepted: list[int], emitted: list[int], k: int) -> bool:
+    """The per-step counts are possible and account for every output token (1 from the prefill)."""
+    if not (len(drafted) == len(accepted) == len(emitted)):
+        return False
+    for i, (d, a, e) in enumerate(zip(drafted, accepted, emitted)):
+        last = i == len(emitted) - 1
+        if not (0 <= a <= d <= k and 1 <= e <= a + 1) or (not last and e != a + 1):
+            return False
+    return 1 + sum(emitted) == len(out)

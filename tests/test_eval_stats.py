@@ -1,0 +1,52 @@
+"""Acceptance figures and the bootstrap interval over prompts (docs/evaluation.md)."""
+
+from __future__ import annotations
+
+import math
+
+from draftgate.evaluate.stats import (
+    PromptSteps, acceptance_length, accepted_fraction, bootstrap_ci, per_position,
+    simulated_acceptance_length, vllm_acceptance_length)
+
+RUNS = [
+    PromptSteps(drafted=[4, 4, 4], accepted=[4, 1, 0], emitted=[5, 2, 1]),
+    PromptSteps(drafted=[4, 0, 4], accepted=[2, 0, 3], emitted=[3, 1, 4]),
+    PromptSteps(drafted=[4, 4], accepted=[0, 0], emitted=[1, 1]),
+    PromptSteps(drafted=[4], accepted=[4], emitted=[3]),            # cut at the end token
+]
+
+
+def test_acceptance_length_is_tokens_per_verify_forward_bonus_included():
+    assert acceptance_length(RUNS) == (8 + 8 + 2 + 3) / 9
+
+
+def test_vllm_acceptance_length_skips_steps_that_drafted_nothing():
+    assert vllm_acceptance_length(RUNS) == 1 + (4 + 1 + 0 + 2 + 3 + 0 + 0 + 4) / 8
+
+
+def test_per_position_rates_count_position_i_among_steps_that_drafted_i():
+    rates = per_position(RUNS, 4)
+    assert rates[0] == 5 / 8            # accepted >= 1 in 5 of the 8 drafting steps
+    assert rates[3] == 2 / 8
+    assert rates == sorted(rates, reverse=True)
+    assert accepted_fraction(RUNS) == 14 / 32
+
+
+def test_the_bootstrap_interval_is_deterministic_under_a_seed_and_holds_the_estimate():
+    many = RUNS * 5
+    a = bootstrap_ci(many, samples=500, seed=7)
+    assert a == bootstrap_ci(many, samples=500, seed=7)
+    assert a != bootstrap_ci(many, samples=500, seed=8)
+    assert a[0] <= acceptance_length(many) <= a[1]
+    assert a[0] < a[1]
+
+
+def test_identical_prompts_give_a_zero_width_interval():
+    same = [RUNS[0]] * 6
+    lo, hi = bootstrap_ci(same, samples=200, seed=0)
+    assert math.isclose(lo, acceptance_length(same)) and math.isclose(hi, acceptance_length(same))
+
+
+def test_specforge_simulated_length_sums_the_products_of_step_accuracies():
+    assert simulated_acceptance_length([0.5, 0.5, 1.0]) == 0.5 + 0.25 + 0.25
+    assert simulated_acceptance_length([]) == 0.0
