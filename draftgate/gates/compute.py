@@ -23,6 +23,7 @@ from draftgate.gates.suite import GateError
 # returns Computed.
 PRODUCERS = {
     "hidden": "draftgate.gates.hidden:compute",
+    "eval": "draftgate.gates.eval:compute",
 }
 
 
