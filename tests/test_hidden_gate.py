@@ -13,60 +13,16 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from pathlib import Path
 
 import pytest
-import yaml
 
-from test_hidden_gate_files import (
-    FeatureRow,
-    capture_features,
-    run_hidden_gate,
-    write_hidden_dir,
-)
-
-REPO = Path(__file__).resolve().parents[1]
-QUESTIONS = [("chat", "What colour is the sky on a clear day?"),
-             ("code", "Write a Python function that adds two numbers."),
-             ("chat", "Name three fruits.")]
-COMPLETION_TOKENS = 12
+from test_hidden_gate_files import capture_features, greedy_world, run_hidden_gate, write_hidden_dir
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Tokens table (3 kept greedy rows + 1 quarantined), params with temperature 0, clean features."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from draftgate.serve.model import Sampling, generate_batch, load
-
-    root = tmp_path_factory.mktemp("hidden_gate")
-    lm = load("cpu")
-    prompts = [lm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=False) for _, q in QUESTIONS]
-    gens = generate_batch(lm, prompts, [Sampling(max_tokens=COMPLETION_TOKENS)] * len(prompts))
-    records = []
-    for i, ((dataset, _), prompt, gen) in enumerate(zip(QUESTIONS, prompts, gens)):
-        ids = list(prompt) + gen.ids
-        records.append({"prompt_id": f"p{i}", "dataset": dataset, "input_ids": ids,
-                        "loss_mask": [0] * len(prompt) + [1] * len(gen.ids), "quarantine_reason": None})
-    records.append({"prompt_id": "quarantined", "dataset": "chat", "input_ids": records[0]["input_ids"],
-                    "loss_mask": records[0]["loss_mask"], "quarantine_reason": "billing_mismatch"})
-    tokens = root / "tokens.parquet"
-    pq.write_table(pa.Table.from_pylist(records, schema=pa.schema([
-        ("prompt_id", pa.string()), ("dataset", pa.string()), ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.int8())), ("quarantine_reason", pa.string())])), tokens)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["generate"]["temperature"] = 0.0          # the rows above are greedy
-    params.setdefault("gates", {})["hidden"] = {"resample_rows": 3, "resample_seed": 0}
-    params_path = root / "params.yaml"
-    params_path.write_text(yaml.safe_dump(params))
-    kept = [r for r in records if r["quarantine_reason"] is None]
-    features = capture_features(kept)
-    clean = root / "clean"
-    write_hidden_dir(clean, features, tokens)
-    return {"root": root, "tokens": tokens, "params": params_path, "kept": kept, "features": features,
-            "clean": clean}
+    return greedy_world(tmp_path_factory.mktemp("hidden_gate"))
 
 
 def gate(world, hidden_dir):

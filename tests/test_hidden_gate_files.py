@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+QUESTIONS = [("chat", "What colour is the sky on a clear day?"),
+             ("code", "Write a Python function that adds two numbers."),
+             ("chat", "Name three fruits.")]
+COMPLETION_TOKENS = 12
 
 
 @dataclass
@@ -118,3 +122,38 @@ def run_hidden_gate(hidden_dir: Path, tokens: Path, params: Path) -> dict:
     run = run_gate(suite, [Input("hidden", str(hidden_dir)), Input("tokens", str(tokens))],
                    params_path=str(params), docs=None)
     return run.result
+
+
+def greedy_world(root: Path) -> dict:
+    """Three chat prompts answered greedily by the local SmolLM2 (+1 quarantined copy) as a tokens
+    table, params that say temperature 0 and resample every row, and the rows' clean features."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    from draftgate.serve.model import Sampling, generate_batch, load
+
+    lm = load("cpu")
+    prompts = [lm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False) for _, q in QUESTIONS]
+    gens = generate_batch(lm, prompts, [Sampling(max_tokens=COMPLETION_TOKENS)] * len(prompts))
+    records = []
+    for i, ((dataset, _), prompt, gen) in enumerate(zip(QUESTIONS, prompts, gens)):
+        records.append({"prompt_id": f"p{i}", "dataset": dataset, "input_ids": list(prompt) + gen.ids,
+                        "loss_mask": [0] * len(prompt) + [1] * len(gen.ids), "quarantine_reason": None})
+    records.append({"prompt_id": "quarantined", "dataset": "chat", "input_ids": records[0]["input_ids"],
+                    "loss_mask": records[0]["loss_mask"], "quarantine_reason": "billing_mismatch"})
+    tokens = root / "tokens.parquet"
+    pq.write_table(pa.Table.from_pylist(records, schema=pa.schema([
+        ("prompt_id", pa.string()), ("dataset", pa.string()), ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())), ("quarantine_reason", pa.string())])), tokens)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["generate"]["temperature"] = 0.0          # the rows above are greedy
+    params.setdefault("gates", {})["hidden"] = {"resample_rows": 3, "resample_seed": 0}
+    params_path = root / "params.yaml"
+    params_path.write_text(yaml.safe_dump(params))
+    kept = [r for r in records if r["quarantine_reason"] is None]
+    features = capture_features(kept)
+    clean = write_hidden_dir(root / "clean", features, tokens)
+    return {"root": root, "tokens": tokens, "params": params_path, "kept": kept, "features": features,
+            "clean": clean}

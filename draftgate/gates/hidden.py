@@ -5,15 +5,17 @@ directory (shards, index, manifest: docs/hidden-states.md), the tokens table and
 by params.yaml `hidden:`, and returns three tables for expectations/hidden.json's view:
 
     hidden_rows    one per row found INSIDE the shards (their own prompt_ids metadata and
-                   row_offsets, not the index): ids, loss mask, finiteness, how many completion
-                   tokens the stored final state explains, log-probabilities, and for a seeded
-                   sample of rows the error against the gate's own forward pass
+                   row_offsets, not the index): whether its ids and loss mask equal the tokens
+                   table's, finiteness, how many completion tokens the stored final state
+                   explains, log-probabilities, and for a seeded sample of rows the error
+                   against the gate's own forward pass
     hidden_shards  one per shard on disk or in the manifest: actual sha256, bytes, shapes, dtype
     hidden_facts   one row: the target's config and the layers/dtype params expect, beside what
                    the manifest claims; the tokens file's actual sha256
 
-Nothing here decides pass or fail: the suite's view compares and its expectations judge with
-thresholds from `gates.hidden`. The manifest is read only for what it claims (hashes, layers) so
+Nothing here decides pass or fail: the suite's view joins and counts, and its expectations judge
+with thresholds from `gates.hidden`. Memory is bounded by one shard (read, scored, released) plus
+the tokens table's ids as numpy arrays and the sampled rows' features. The manifest is read only for what it claims (hashes, layers) so
 the view can hold the claims against the recomputed values, and for nothing about where rows are.
 
 The independent re-extraction uses the model's own `output_hidden_states` (HF index i+1 for
@@ -45,8 +47,8 @@ LOGIT_CHUNK = 512            # positions per LM-head matmul: 512 x vocab x 4 byt
 @dataclass(frozen=True)
 class KeptRow:
     dataset: str
-    input_ids: list[int]
-    loss_mask: list[int]
+    input_ids: Any                # numpy int64 [T]
+    loss_mask: Any                # numpy uint8 [T]
 
 
 # ------------------------------------------------------------ entry point
@@ -71,22 +73,28 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
     target = cached_target(params.hidden, gp.device)
     layers = expected_layers(params.hidden.layers, target.num_layers)
     greedy = sampling_is_greedy(gp.sampling, params.generate)
+    if not hidden_dir.is_dir():
+        raise GateError(f"{hidden_dir}: no hidden-state directory; run the hidden stage (dvc repro hidden)")
     manifest = read_manifest(hidden_dir)
-    rows, shards, stored = scan_shards(hidden_dir, manifest, target, kept, greedy, gp.top_k)
-    errors = resample(stored, target, layers, gp.resample_rows, gp.resample_seed)
+    chosen = choose_resample(hidden_dir, gp.resample_rows, gp.resample_seed)
+    rows, shards, stored = scan_shards(hidden_dir, manifest, target, kept, greedy, gp.top_k, chosen)
+    errors = resample(stored, target, layers)
     for r in rows:
         r.update(errors.get((r["shard"], r["row"]), {"resampled": False}))
         dtype = r.pop("dtype", None)
         r["tolerance"] = tolerance(dtype, gp.tolerance_eps, gp.min_tolerance)
     facts = model_facts(manifest, target, layers, params.hidden.dtype, tokens_path)
     return Computed(tables=as_tables(rows, shards, facts),
-                    report=report(rows, kept, greedy, target, layers, gp))
+                    report=report(rows, greedy, target, layers, gp))
 
 
 # ------------------------------------------------------------ inputs
 
 def read_kept(tokens_path: Path) -> dict[str, KeptRow]:
-    """The tokens table's kept rows (quarantine_reason IS NULL): the rows features must exist for."""
+    """The tokens table's kept rows (quarantine_reason IS NULL): the rows features must exist for.
+    (A duplicate prompt id keeps its first row: the tokens gate fails duplicates.)"""
+    import numpy as np
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     cols = ["prompt_id", "dataset", "input_ids", "loss_mask", "quarantine_reason"]
@@ -94,9 +102,16 @@ def read_kept(tokens_path: Path) -> dict[str, KeptRow]:
     try:
         pf = pq.ParquetFile(tokens_path)
         for batch in pf.iter_batches(columns=cols, batch_size=4096):
-            for r in batch.to_pylist():
-                if r["quarantine_reason"] is None and r["prompt_id"] not in kept:
-                    kept[r["prompt_id"]] = KeptRow(r["dataset"] or "", r["input_ids"] or [], r["loss_mask"] or [])
+            batch = batch.filter(pc.is_null(batch.column("quarantine_reason")))
+            pids, datasets = batch.column("prompt_id").to_pylist(), batch.column("dataset").to_pylist()
+            lists = [batch.column(c) for c in ("input_ids", "loss_mask")]
+            flat = [lst.values.to_numpy(zero_copy_only=False).astype(dt) for lst, dt in zip(lists, (np.int64, np.uint8))]
+            offs = [lst.offsets.to_numpy() for lst in lists]
+            for i, pid in enumerate(pids):
+                if pid not in kept:
+                    ids = flat[0][offs[0][i] - offs[0][0]:offs[0][i + 1] - offs[0][0]]
+                    mask = flat[1][offs[1][i] - offs[1][0]:offs[1][i + 1] - offs[1][0]]
+                    kept[pid] = KeptRow(datasets[i] or "", ids, mask)
     except Exception as e:  # pyarrow raises several types for a bad file or a missing column
         raise GateError(f"--input tokens={tokens_path}: unreadable ({' '.join(str(e).split())}); "
                         "rerun the reconstruct stage") from None
@@ -162,12 +177,27 @@ def file_sha256(path: Path) -> str:
 
 # ------------------------------------------------------------ shards
 
+def choose_resample(hidden_dir: Path, n: int, seed: int) -> set[tuple[str, int]]:
+    """A seeded sample of (shard, row) among the rows the shards hold (their metadata only)."""
+    from safetensors import safe_open
+
+    keys = []
+    for path in sorted(hidden_dir.glob(SHARD_GLOB)):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                count = len(json.loads((f.metadata() or {}).get("prompt_ids", "[]")))
+        except Exception:   # an unreadable shard fails its own check; nothing to sample there
+            continue
+        keys.extend((path.name, i) for i in range(count))
+    return set(random.Random(seed).sample(keys, min(n, len(keys))))
+
+
 def scan_shards(hidden_dir: Path, manifest: dict, target: Any, kept: dict[str, KeptRow], greedy: bool,
-                top_k: int) -> tuple[list[dict], list[dict], dict]:
+                top_k: int, chosen: set[tuple[str, int]]) -> tuple[list[dict], list[dict], dict]:
     """Every shard on disk, row by row, plus manifest shards that are missing on disk.
 
-    Returns (rows, shards, stored): `stored` maps (shard, row) to (ids, aux, final) for the rows
-    the resample may re-extract (kept as views into the loaded shard).
+    Returns (rows, shards, stored): `stored` maps the `chosen` (shard, row) keys to copies of
+    their (ids, aux, final), for the re-extraction.
     """
     listed = {s.get("name"): s for s in manifest.get("shards") or [] if isinstance(s, dict)}
     on_disk = sorted(p.name for p in hidden_dir.glob(SHARD_GLOB))
@@ -186,7 +216,7 @@ def scan_shards(hidden_dir: Path, manifest: dict, target: Any, kept: dict[str, K
             fact["sha256"] = file_sha256(path)
             fact["bytes"] = path.stat().st_size
             try:
-                shard_rows, shard_stored = read_shard(path, fact, target, kept, greedy, top_k)
+                shard_rows, shard_stored = read_shard(path, fact, target, kept, greedy, top_k, chosen)
             except ShardError as e:
                 fact["problem"] = str(e)
             else:
@@ -201,7 +231,8 @@ class ShardError(ValueError):
 
 
 def read_shard(path: Path, fact: dict, target: Any, kept: dict[str, KeptRow], greedy: bool,
-               top_k: int) -> tuple[list[dict], dict]:
+               top_k: int, chosen: set[tuple[str, int]]) -> tuple[list[dict], dict]:
+    import numpy as np
     import torch
     from safetensors import safe_open
 
@@ -242,21 +273,24 @@ def read_shard(path: Path, fact: dict, target: Any, kept: dict[str, KeptRow], gr
         raise ShardError(f"row_offsets {bounds[:4]}... do not cut [0, {t}) into rows")
     finite_tok = torch.isfinite(aux.float()).flatten(1).all(1) & torch.isfinite(final.float()).all(1)
     rows, stored = [], {}
+    ids_np, mask_np = ids.numpy(), mask.numpy()
     for i, pid in enumerate(prompt_ids):
         a, b = bounds[i], bounds[i + 1]
-        row_ids = ids[a:b]
-        row = {"shard": path.name, "row": i, "prompt_id": pid if isinstance(pid, str) else None,
-               "offset": a, "length": b - a, "input_ids": row_ids.tolist(), "loss_mask": mask[a:b].tolist(),
-               "finite": bool(finite_tok[a:b].all()), "dtype": fact["dtype"]}
+        pid = pid if isinstance(pid, str) else None
+        ref = kept.get(pid)
+        row = {"shard": path.name, "row": i, "prompt_id": pid, "offset": a, "length": b - a,
+               "dataset": ref.dataset if ref is not None else None,
+               "ids_equal": None if ref is None else bool(np.array_equal(ids_np[a:b], ref.input_ids)),
+               "mask_equal": None if ref is None else bool(np.array_equal(mask_np[a:b], ref.loss_mask)),
+               "finite": bool(finite_tok[a:b].all()), "dtype": fact["dtype"], "greedy": greedy}
         # Explain the tokens table's ids where the row is kept (the ids check compares the two).
-        ref = kept.get(row["prompt_id"])
-        ref_ids = ref.input_ids if ref is not None else row["input_ids"]
-        ref_mask = ref.loss_mask if ref is not None else row["loss_mask"]
+        ref_ids = ref.input_ids if ref is not None else ids_np[a:b]
+        ref_mask = ref.loss_mask if ref is not None else mask_np[a:b]
         row.update(explain(final[a:b], ref_ids, ref_mask, target, greedy, top_k) if row["finite"] else
                    {"scored": None, "explained": None, "logprob_sum": None})
-        row["greedy"] = greedy
         rows.append(row)
-        stored[(path.name, i)] = (row_ids, aux[a:b], final[a:b])
+        if (path.name, i) in chosen:
+            stored[(path.name, i)] = (ids[a:b].clone(), aux[a:b].clone(), final[a:b].clone())
     return rows, stored
 
 
@@ -266,7 +300,7 @@ def _int(v: Any) -> int | None:
 
 # ------------------------------------------------------------ features explain the tokens
 
-def explain(final: Any, ids: list[int], mask: list[int], target: Any, greedy: bool, top_k: int) -> dict:
+def explain(final: Any, ids: Any, mask: Any, target: Any, greedy: bool, top_k: int) -> dict:
     """Score the completion tokens: the state at t must predict the token at t+1.
 
     Positions t with loss_mask[t+1] = 1 (tokens the target generated). Logits = LM head of the
@@ -276,43 +310,43 @@ def explain(final: Any, ids: list[int], mask: list[int], target: Any, greedy: bo
     """
     import torch
 
-    n = min(len(ids), int(final.shape[0]))
-    pos = [t for t in range(n - 1) if mask[t + 1]]
-    if not pos:
+    ids = torch.as_tensor(ids, dtype=torch.int64)
+    mask = torch.as_tensor(mask)
+    n = min(int(ids.numel()), int(final.shape[0]), int(mask.numel()))
+    index = torch.nonzero(mask[1:n] != 0).flatten()     # t such that loss_mask[t+1] = 1
+    if not index.numel():
         return {"scored": 0, "explained": 0, "logprob_sum": 0.0}
+    nxt = ids[index + 1]
     norm, head = target.norm, target.lm_head
     param = next(norm.parameters())
-    index = torch.tensor(pos)
-    nxt = torch.tensor([ids[t + 1] for t in pos])
     explained, logprob = 0, 0.0
     with torch.inference_mode():
-        for s in range(0, len(pos), LOGIT_CHUNK):
+        for s in range(0, int(index.numel()), LOGIT_CHUNK):
             h = final[index[s:s + LOGIT_CHUNK]].to(device=param.device, dtype=param.dtype)
             logits = head(norm(h)).float()
             want = nxt[s:s + LOGIT_CHUNK].to(logits.device)
-            chosen = logits.gather(1, want[:, None])
+            valid = (want >= 0) & (want < logits.shape[1])    # an id outside the vocabulary explains nothing
+            chosen = logits.gather(1, want.clamp(0, logits.shape[1] - 1)[:, None])
             if greedy:
                 hit = logits.argmax(1) == want
             else:
                 hit = (logits > chosen).sum(1) < top_k
-            explained += int(hit.sum())
-            logprob += float((chosen[:, 0] - torch.logsumexp(logits, 1)).sum())
-    return {"scored": len(pos), "explained": explained, "logprob_sum": logprob}
+            explained += int((hit & valid).sum())
+            logprob += float((chosen[:, 0] - torch.logsumexp(logits, 1))[valid].sum())
+    return {"scored": int(index.numel()), "explained": explained, "logprob_sum": logprob}
 
 
 # ------------------------------------------------------------ independent re-extraction
 
-def resample(stored: dict, target: Any, layers: list[int], n: int, seed: int) -> dict:
-    """Re-extract a seeded sample of rows with the model's own output_hidden_states; per row the
+def resample(stored: dict, target: Any, layers: list[int]) -> dict:
+    """Re-extract the chosen rows with the model's own output_hidden_states; per row the
     relative L2 error of each stored aux slot and of the final state."""
     import torch
 
-    keys = sorted(stored)
-    chosen = random.Random(seed).sample(keys, min(n, len(keys)))
     base = target.base
     param = next(base.parameters())
     out = {}
-    for key in sorted(chosen):
+    for key in sorted(stored):
         ids, aux, final = stored[key]
         seen: dict[str, Any] = {}
 
@@ -387,7 +421,7 @@ def as_tables(rows: list[dict], shards: list[dict], facts: dict) -> dict:
 
     row_schema = pa.schema([
         ("shard", pa.string()), ("row", pa.int64()), ("prompt_id", pa.string()), ("offset", pa.int64()),
-        ("length", pa.int64()), ("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int64())),
+        ("length", pa.int64()), ("dataset", pa.string()), ("ids_equal", pa.bool_()), ("mask_equal", pa.bool_()),
         ("finite", pa.bool_()), ("greedy", pa.bool_()), ("scored", pa.int64()), ("explained", pa.int64()),
         ("logprob_sum", pa.float64()), ("resampled", pa.bool_()), ("aux_error", pa.float64()),
         ("final_error", pa.float64()), ("tolerance", pa.float64()),
@@ -406,15 +440,14 @@ def as_tables(rows: list[dict], shards: list[dict], facts: dict) -> dict:
             "hidden_facts": pa.Table.from_pylist([facts])}
 
 
-def report(rows: list[dict], kept: dict[str, KeptRow], greedy: bool, target: Any, layers: list[int],
-           gp: Any) -> dict:
+def report(rows: list[dict], greedy: bool, target: Any, layers: list[int], gp: Any) -> dict:
     """The figures a reviewer reads in the result file: mean log-probability of the completion
     tokens per dataset (under the target, from the stored states), explained shares, the resample."""
     per: dict[str, list[float]] = {}
     scored = explained = 0
     for r in rows:
         if r.get("scored"):
-            ds = kept[r["prompt_id"]].dataset if r["prompt_id"] in kept else "(not kept)"
+            ds = r["dataset"] if r["dataset"] is not None else "(not kept)"
             acc = per.setdefault(ds, [0.0, 0])
             acc[0] += r["logprob_sum"]
             acc[1] += r["scored"]
