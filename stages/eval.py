@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             from draftgate.gates.result import GateNotPassed, require_passed
 
             try:
-                require_passed(args.gate, "drafter", "eval")
+                require_passed(args.gate, "gate_drafter", "fix the drafter (train stage) before evaluating it")
             except GateNotPassed as e:
                 raise EvalError(str(e)) from None
         report = evaluate(params, args)

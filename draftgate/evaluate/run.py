@@ -82,6 +82,25 @@ def end_ids_from_contract(contract_path: str | Path) -> frozenset[int]:
     return frozenset([end])
 
 
+def end_ids_by_name(params: Any) -> frozenset[int]:
+    """The template's end token resolved by name from the tokenizer (with its round trip checked):
+    the gate's own resolution, independent of the contract file the stage reads."""
+    from draftgate.templates import TemplateError, get_template
+    from draftgate.tokenizers import TokenizerError, load_tokenizer
+
+    try:
+        tok = load_tokenizer(params.tokenizer)
+        name = get_template(params.template.name).end_token
+    except (TokenizerError, TemplateError) as e:
+        raise EvalError(str(e)) from None
+    tid = tok.hf.convert_tokens_to_ids(name)
+    if not isinstance(tid, int) or tok.hf.encode(name, add_special_tokens=False) != [tid] \
+            or tok.hf.decode([tid], skip_special_tokens=False) != name:
+        raise EvalError(f"template {params.template.name}: end token {name!r} is not one id of the tokenizer "
+                        "that round-trips; check tokenizer: and template: in params.yaml")
+    return frozenset([tid])
+
+
 def decode_all(model: Any, device: str, prompts: Sequence[HeldOut], proposer: Any, k: int,
                max_new_tokens: int, end_ids: frozenset[int], aux_layers: Sequence[int] | None = None) -> list[Decoded]:
     return [speculative_decode(model, device, p.prompt, proposer, k, max_new_tokens, end_ids, aux_layers)

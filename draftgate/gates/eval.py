@@ -1,9 +1,9 @@
 """The eval gate's producer: is speculative decoding lossless? Recomputed with the target.
 
 `compute(inputs, params_path)` (registered in compute.py as "eval") reads the eval stage's
-outputs (artifact `eval`: data/eval/outputs.parquet), the tokens table (the held-out prompts, cut
-from input_ids by loss_mask here, never taken from the outputs) and the contract (the end id),
-loads the target named by params.yaml `hidden:` and runs PLAIN greedy decoding for every
+outputs (artifact `eval`: data/eval/outputs.parquet) and the tokens table (the held-out prompts,
+cut from input_ids by loss_mask here, never taken from the outputs), resolves the template's end
+token by name from the tokenizer itself (not from the contract file the stage read), loads the target named by params.yaml `hidden:` and runs PLAIN greedy decoding for every
 held-out prompt the outputs name: one token per forward, with max_new_tokens from `eval:`.
 
     eval_checks   one per outputs row: the output against the gate's greedy ids; at the first
@@ -30,21 +30,21 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
     import pyarrow as pa
 
     from draftgate.config import ParamsError, load_params
-    from draftgate.evaluate.run import EvalError, end_ids_from_contract, heldout_rows
+    from draftgate.evaluate.run import EvalError, end_ids_by_name, heldout_rows
 
     try:
         params = load_params(params_path)
     except ParamsError as e:
         raise GateError(str(e)) from None
-    missing = [n for n in ("eval", "tokens", "contract") if n not in inputs]
+    missing = [n for n in ("eval", "tokens") if n not in inputs]
     if missing:
-        raise GateError(f"the eval gate reads the outputs (artifact `eval`), --input tokens=data/tokens/tokens.parquet "
-                        f"and --input contract=data/contract/contract.json; missing: {', '.join(missing)}")
+        raise GateError("the eval gate reads the outputs (artifact `eval`) and --input tokens=data/tokens/tokens.parquet; "
+                        f"missing: {', '.join(missing)}")
     ep, gp = params.eval, params.gates.eval
     try:
         prompts = {h.prompt_id: h for h in heldout_rows(inputs["tokens"], None)}
         expected = len(heldout_rows(inputs["tokens"], ep.max_prompts))
-        end_ids = end_ids_from_contract(inputs["contract"])
+        end_ids = end_ids_by_name(params)
     except EvalError as e:
         raise GateError(str(e)) from None
     outputs = read_outputs(inputs["eval"])

@@ -1,0 +1,127 @@
+"""The eval stage end to end on real SmolLM2, and the eval gate's second opinion on its outputs.
+
+The stage decodes two held-out prompts with an exported (untrained) EAGLE-3 drafter, the n-gram
+proposer and the oracle; the gate recomputes plain greedy decoding itself and must pass the
+artifact as written, and fail it when one token of one output is changed, when a training prompt
+appears, or when the acceptance-length floor is above what the drafter reached.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval_fixtures import PROMPTS, contract, random_drafter, tokens_table
+
+EVAL = {"proposers": ["eagle3", "ngram", "oracle"], "k": 3, "max_new_tokens": 12,
+        "ngram_min": 5, "ngram_max": 5, "ngram_sweep": [[1, 2]], "bootstrap_samples": 200, "device": "cpu"}
+
+
+def write_params(path: Path, floor: float = 1.0) -> Path:
+    path.write_text(yaml.safe_dump({"hidden": {"device": "cpu"}, "eval": EVAL,
+                                    "gates": {"eval": {"min_acceptance_length": floor}}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory, smollm2_tok):
+    import torch
+
+    from draftgate.config import HiddenParams
+    from draftgate.drafter.export import export_sglang
+    from draftgate.hidden.target import load_target
+    from draftgate.serve.model import resolve_end_ids
+    from stages.eval import main
+
+    torch.set_num_threads(1)
+    work = tmp_path_factory.mktemp("eval")
+    target = load_target(HiddenParams(device="cpu"))
+    export_sglang(random_drafter(target), work / "drafter", info={"target": target.identity})
+    (work / "gate.json").write_text(json.dumps({"success": True, "checks": 1, "failed": 0}))
+    tokens_table(work / "tokens.parquet", smollm2_tok, PROMPTS[:2])
+    contract(work / "contract.json", min(resolve_end_ids(smollm2_tok.hf)))
+    rc = main(["--params", str(write_params(work / "params.yaml")), "--tokens", str(work / "tokens.parquet"),
+               "--contract", str(work / "contract.json"), "--drafter", str(work / "drafter"),
+               "--gate", str(work / "gate.json"), "--out", str(work / "out"),
+               "--metrics", str(work / "metrics" / "eval.json"), "--plot", str(work / "plot.csv")])
+    assert rc == 0
+    return work
+
+
+def gate(work: Path, outputs: Path, params: Path) -> tuple[int, dict]:
+    from draftgate.gates.validate import main
+
+    rc = main(["eval", str(outputs), "--input", f"tokens={work / 'tokens.parquet'}", "--params", str(params),
+               "--no-docs", "--result", str(work / "result.json"), "--metric", str(work / "metric.json")])
+    result = json.loads((work / "result.json").read_text())
+    return rc, {e["kwargs"].get("column", e["type"]): e for e in result["expectations"]}
+
+
+def test_the_stage_writes_numbers_only_metrics_with_drafter_and_ngram_figures(staged):
+    m = json.loads((staged / "metrics" / "eval.json").read_text())
+    for name in ("drafter", "ngram"):
+        assert m[name]["acceptance_length"] >= 1.0
+        assert m[name]["ci95"]["low"] <= m[name]["acceptance_length"] <= m[name]["ci95"]["high"]
+    assert set(m["drafter"]["per_position"]) == {"1", "2", "3"}
+    assert m["ngram"]["settings"] == {"k": 3, "n_min": 5, "n_max": 5}
+    assert m["oracle"]["acceptance_length"] > 3.0           # k + 1 = 4 but for the last steps
+    assert "proxy_simulated_acceptance_length" in m["drafter"]
+    details = json.loads((staged / "metrics" / "eval.details.json").read_text())
+    assert details["ngram"]["setting"] == "ngram_5_5"
+    assert details["ngram"]["best"]["setting"] in ("ngram_5_5", "ngram_1_2")
+    assert (staged / "plot.csv").read_text().startswith("position,setting,acceptance_rate\n")
+
+
+def test_the_outputs_hold_ids_and_step_counts_for_each_setting_and_heldout_prompt(staged):
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(staged / "out" / "outputs.parquet").to_pylist()
+    assert sorted({r["setting"] for r in t}) == ["eagle3", "ngram_1_2", "ngram_5_5", "oracle"]
+    assert {r["prompt_id"] for r in t} == {"h0", "h1"}              # never the training row h2
+    assert all(1 + sum(r["emitted"]) == len(r["output_ids"]) for r in t)
+
+
+def test_the_gate_passes_the_outputs_as_written(staged):
+    rc, checks = gate(staged, staged / "out" / "outputs.parquet", staged / "params.yaml")
+    assert rc == 0, {k: v for k, v in checks.items() if not v["success"]}
+
+
+def test_one_changed_token_fails_the_gate(staged):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(staged / "out" / "outputs.parquet").to_pylist()
+    victim = next(r for r in rows if r["setting"] == "oracle" and len(r["output_ids"]) > 6)
+    victim["output_ids"][5] = (victim["output_ids"][5] + 1) % 49152
+    bad = staged / "corrupt.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(staged / "out" / "outputs.parquet")), bad)
+    rc, checks = gate(staged, bad, staged / "params.yaml")
+    assert rc == 1
+    failed = checks["diverges_from_greedy"]
+    assert not failed["success"] and failed["unexpected_count"] == 1
+    assert f"oracle: {victim['prompt_id']} leaves greedy at token 5" in failed["unexpected_sample"][0]
+
+
+def test_a_training_prompt_in_the_outputs_fails_the_gate(staged):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(staged / "out" / "outputs.parquet").to_pylist()
+    rows[0] = {**rows[0], "prompt_id": "h2"}
+    bad = staged / "train_row.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(staged / "out" / "outputs.parquet")), bad)
+    rc, checks = gate(staged, bad, staged / "params.yaml")
+    assert rc == 1
+    assert not checks["not_a_heldout_prompt"]["success"]
+    assert not checks["setting_missing_prompts"]["success"]
+
+
+def test_an_acceptance_floor_above_the_drafters_length_fails_the_gate(staged):
+    rc, checks = gate(staged, staged / "out" / "outputs.parquet", write_params(staged / "high.yaml", floor=3.0))
+    assert rc == 1
+    floor = checks["drafter_acceptance_length"]
+    assert not floor["success"] and 1.0 <= floor["observed_value"] < 3.0
+    assert checks["diverges_from_greedy"]["success"]
