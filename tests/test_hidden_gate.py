@@ -98,6 +98,19 @@ def test_features_from_perturbed_weights_fail(world):
     assert "reextraction_differs" in fails and "greedy_explained_share" in fails
 
 
+def test_another_sequences_features_under_a_rows_ids_fail_that_row(world):
+    rows = copy.deepcopy(world["features"])
+    bad = world["kept"][1]
+    n_prompt = bad["loss_mask"].index(1)
+    # Features of the same prompt followed by the other completion tokens in reverse: same length,
+    # same prompt states, wrong completion states (a writer that mixed up two rows of one batch).
+    other = dict(bad, input_ids=bad["input_ids"][:n_prompt] + bad["input_ids"][n_prompt:][::-1])
+    swapped = capture_features([other])[0]
+    rows[1].aux, rows[1].final = swapped.aux, swapped.final
+    fails = failed(gate(world, variant(world, "swapped", rows)))
+    assert "row_explained_share" in fails
+
+
 def test_a_shard_changed_after_the_manifest_fails_its_hash(world):
     out = world["root"] / "tampered"
     shutil.rmtree(out, ignore_errors=True)

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = [("chat", "What colour is the sky on a clear day?"),
              ("code", "Write a Python function that adds two numbers."),
              ("chat", "Name three fruits.")]
-COMPLETION_TOKENS = 12
+COMPLETION_TOKENS = 20
 
 
 @dataclass
