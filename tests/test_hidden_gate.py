@@ -127,3 +127,35 @@ def test_a_shard_changed_after_the_manifest_fails_its_hash(world):
 def test_features_for_another_tokens_table_fail_the_tokens_hash(world):
     out = variant(world, "other_tokens", world["features"], tokens_sha256="0" * 64)
     assert failed(gate(world, out)) == {"tokens_hash_matches"}
+
+
+def test_gate_hidden_lists_every_module_its_producer_imports():
+    # The producer is imported by name (gates/compute.py), which the dvc.yaml deps walk cannot see.
+    import yaml
+    from test_dvc_deps import REPO, closure, covered, deps_of
+
+    from draftgate.gates.compute import PRODUCERS
+
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["gate_hidden"]
+    module = PRODUCERS["hidden"].partition(":")[0]
+    reached = closure([REPO / (module.replace(".", "/") + ".py")])
+    missing = sorted(p.relative_to(REPO).as_posix() for p in reached if not covered(p, deps_of(stage)))
+    assert not missing, f"add to gate_hidden's deps in dvc.yaml: {missing}"
+
+
+def test_a_suite_naming_an_unregistered_producer_gets_no_verdict(tmp_path):
+    from draftgate.gates.compute import run_producer
+    from draftgate.gates.suite import GateError, parse_suite
+
+    with pytest.raises(GateError, match="unknown producer 'os.system'; registered: .*hidden"):
+        run_producer("os.system", {}, "params.yaml")
+    with pytest.raises(GateError, match="needs a \"view\""):
+        parse_suite({"name": "x", "compute": "hidden",
+                     "expectations": [{"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1}}]})
+
+
+def test_the_gate_without_a_hidden_directory_says_which_stage_to_run(world):
+    from draftgate.gates.suite import GateError
+
+    with pytest.raises(GateError, match="run the hidden stage"):
+        run_hidden_gate(world["root"] / "absent", world["tokens"], world["params"])
