@@ -140,3 +140,12 @@ def test_the_drafter_sees_the_targets_features_of_exactly_the_accepted_positions
     want, _ = capture(target, torch.tensor([ids[:-1]]), torch.ones(1, len(ids) - 1, dtype=torch.long),
                       drafter.config.aux_layers)
     assert torch.allclose(aux, want[0].float(), atol=2e-3, rtol=1e-3)
+
+
+def test_replaying_the_ngram_rule_over_verified_ids_gives_the_real_steps(target, prompts, end_ids):
+    from draftgate.evaluate.ngram import replay
+
+    for p, d in zip(prompts, decode(target, prompts, end_ids, proposer("ngram", target)[0])):
+        drafted, accepted, emitted = replay(p, d.ids, K, 1, 3)
+        assert (drafted, emitted) == (d.drafted, d.emitted)
+        assert accepted[:-1] == d.accepted[:-1]       # past the stop a real target may agree further

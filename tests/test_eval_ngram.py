@@ -53,3 +53,13 @@ def test_vllm_default_5_5_needs_a_five_token_repeat():
 def test_bad_bounds_are_refused(k, lo, hi):
     with pytest.raises(ValueError):
         propose([1, 2, 1, 2], k=k, n_min=lo, n_max=hi)
+
+
+def test_replay_counts_the_steps_the_rule_would_take_over_known_ids():
+    from draftgate.evaluate.ngram import replay
+
+    prompt = [1, 2, 3, 4, 5, 6]
+    output = [1, 2, 3, 4, 9, 9]      # prefill gave 1; [1] recurs -> drafts 2, 3, 4 (accepted), 5 (rejected)
+    drafted, accepted, emitted = replay(prompt, output, k=4, n_min=1, n_max=1)
+    assert drafted[0] == 4 and accepted[0] == 3 and emitted[0] == 4
+    assert 1 + sum(emitted) == len(output)

@@ -138,7 +138,7 @@ def speculative_decode(model: Any, device: str, prompt: Sequence[int], proposer:
     started = time.perf_counter()
     proposer.start(prompt)
     with torch.inference_mode(), Session(model, device, aux_layers if proposer.needs_aux else None) as s:
-        logits, aux = s.forward(prompt, last_only=not proposer.needs_aux)
+        logits, aux = s.forward(prompt, last_only=True)   # the hooks still see every position
         feats = [aux] if aux is not None else []
         out = [int(logits[-1].argmax())]          # the prefill's token: not a verify step
         result = Decoded(ids=out, finish="stop" if out[0] in end_ids else "length")
