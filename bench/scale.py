@@ -1,6 +1,9 @@
 """The data path at scale: wall time and peak RSS per stage at N and 10 x N synthetic prompts.
 
     .venv/bin/python bench/scale.py [--sizes 50000 500000] [--concurrency 2000]
+    .venv/bin/python bench/scale.py --work /tmp/scale                 # keep the data there
+    .venv/bin/python bench/scale.py --work /tmp/scale --stages gate_tokens generate_resume
+                                    # rerun those stages on the kept data (both sizes)
 
 Each size runs the real stages as DVC runs them (`python -m stages.X`, `draftgate validate`), one
 process each under /usr/bin/time, in a throwaway directory: prompts -> gate_prompts -> generate
@@ -13,6 +16,7 @@ stage; the no-op resume of the larger size <= 10 s. Writes bench/results/scale.j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -68,10 +72,12 @@ def timed(cmd: list[str], env: dict) -> dict:
             "tail": (out.stdout + out.stderr)[-400:] if out.returncode not in (0,) else ""}
 
 
-def run_size(n: int, url: str, concurrency: int, work: Path) -> dict:
+def run_size(n: int, url: str, concurrency: int, work: Path, stages: tuple[str, ...] = STAGES) -> dict:
     d = work / f"n{n}"
-    (d / "raw").mkdir(parents=True)
-    synthetic_prompts(d / "raw" / "synth.jsonl", n)
+    fresh = not (d / "raw" / "synth.jsonl").is_file()
+    if fresh:
+        (d / "raw").mkdir(parents=True, exist_ok=True)
+        synthetic_prompts(d / "raw" / "synth.jsonl", n)
     (d / "params.yaml").write_text(yaml.safe_dump(params(url, concurrency), sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
@@ -105,7 +111,7 @@ def run_size(n: int, url: str, concurrency: int, work: Path) -> dict:
     }
     cmds["generate_resume"] = cmds["generate"]
     out = {}
-    for stage in STAGES:
+    for stage in stages:
         r = out[stage] = timed(cmds[stage], env)
         print(f"  n={n:>7} {stage:<16} {r['wall_s']:>8.2f} s {r['peak_rss_mb']:>8.1f} MB rc={r['rc']}",
               file=sys.stderr)
@@ -119,31 +125,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs=2, default=(50_000, 500_000))
     p.add_argument("--concurrency", type=int, default=2000)
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "scale.json"))
+    p.add_argument("--work", help="keep the data in this directory (default: a throwaway one); "
+                                  "with --stages, rerun on the data a previous run kept there")
+    p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES),
+                   help="run only these stages (their inputs must be in --work already); "
+                        "a partial run prints its table but does not write --out")
     a = p.parse_args(argv)
+    stages = tuple(s for s in STAGES if s in a.stages)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     server = subprocess.Popen([PY, "-m", "draftgate.serve.scripted", "--canned", "--delay", "0", "0"],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
     try:
         url = server.stdout.readline().strip()
-        with tempfile.TemporaryDirectory(prefix="draftgate-scale-") as tmp:
-            results = {n: run_size(n, url, a.concurrency, Path(tmp)) for n in a.sizes}
+        with contextlib.ExitStack() as stack:
+            tmp = a.work or stack.enter_context(tempfile.TemporaryDirectory(prefix="draftgate-scale-"))
+            results = {n: run_size(n, url, a.concurrency, Path(tmp), stages) for n in a.sizes}
     finally:
         server.terminate()
         server.wait()
     small, big = a.sizes
     ratios = {s: {"rss": round(results[big][s]["peak_rss_mb"] / results[small][s]["peak_rss_mb"], 2),
                   "wall": round(results[big][s]["wall_s"] / max(results[small][s]["wall_s"], 1e-9), 2)}
-              for s in STAGES}
+              for s in stages}
     factor = big / small
     met = {s: {"rss": r["rss"] <= 1.5, "wall": r["wall"] <= 1.1 * factor} for s, r in ratios.items()}
-    met["resume_s"] = results[big]["generate_resume"]["wall_s"] <= 10.0
+    if "generate_resume" in stages:
+        met["resume_s"] = results[big]["generate_resume"]["wall_s"] <= 10.0
     print(f"\n{'stage':<16}{'wall ' + str(small):>12}{'wall ' + str(big):>14}{'x':>7}"
           f"{'RSS MB ' + str(small):>16}{'RSS MB ' + str(big):>18}{'x':>7}")
-    for s in STAGES:
+    for s in stages:
         a_, b_ = results[small][s], results[big][s]
         print(f"{s:<16}{a_['wall_s']:>12}{b_['wall_s']:>14}{ratios[s]['wall']:>7}"
               f"{a_['peak_rss_mb']:>16}{b_['peak_rss_mb']:>18}{ratios[s]['rss']:>7}")
     print(f"\ntargets met: {met}")
+    if stages != STAGES:
+        return 0
     sys.path.insert(0, str(REPO))
     from draftgate.io import write_json
 

@@ -23,7 +23,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gate", required=True, type=Path, help="the responses gate's result JSON")
     p.add_argument("--out", required=True, type=Path, help="output directory (tokens.parquet)")
     p.add_argument("--metrics", required=True, type=Path)
-    p.add_argument("--report", required=True, type=Path, help="mismatch report JSON (a DVC metric)")
+    p.add_argument("--report", required=True, type=Path,
+                   help="mismatch report JSON (a DVC metric, numbers only; all of it in <report>.details.json)")
     p.add_argument("--plot", required=True, type=Path, help="per-dataset mismatch CSV (dvc plots)")
     return p.parse_args(argv)
 
@@ -35,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from draftgate.config import ParamsError, as_dict, load_params
     from draftgate.io import write_json, write_text
-    from draftgate.metrics import StageMetrics
+    from draftgate.metrics import StageMetrics, details_path, numbers
     from draftgate.official import official_template
     from draftgate.reconstruct.inputs import InputError, gate_passed, special_ids
     from draftgate.reconstruct.core import Setup
-    from draftgate.reconstruct.table import mismatch_report, plot_rows, reconstruct_files
+    from draftgate.reconstruct.table import REPORT_COLUMNS, mismatch_report, plot_rows, reconstruct_files
     from draftgate.templates import TemplateError, get_template
     from draftgate.tokenizers import TokenizerError, load_tokenizer
 
@@ -67,11 +68,16 @@ def main(argv: list[str] | None = None) -> int:
                                            params.reconstruct.on_billing_mismatch,
                                            billing_params=params.reconstruct.billing)
     seconds = time.perf_counter() - started
-    table = pq.read_table(out, columns=["dataset", "match", "quarantine_reason", "billing_residual",
-                                        "prompt_billing_residual", "n_completion"])
-    report = mismatch_report(table, billing)
-    kept = table.column("quarantine_reason").null_count
-    n_tokens = int(pc.sum(table.column("n_completion")).as_py() or 0)
+    # The report and totals from the written table, a batch at a time (memory does not grow with it).
+    kept, n_tokens = 0, 0
+
+    def batches():
+        nonlocal kept, n_tokens
+        for b in pq.ParquetFile(out).iter_batches(batch_size=65_536, columns=REPORT_COLUMNS + ["n_completion"]):
+            kept += b.column("quarantine_reason").null_count
+            n_tokens += int(pc.sum(b.column("n_completion")).as_py() or 0)
+            yield b
+    report = mismatch_report(batches(), billing)
     m = StageMetrics("reconstruct", rows_in=n_responses, rows_out=kept)
     for reason, n in result.counts["quarantine"].items():
         m.drop(reason, n)
@@ -87,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     m.params = {"reconstruct": as_dict(params.reconstruct), "template": as_dict(params.template),
                 "tokenizer": as_dict(params.tokenizer)}
     m.write(args.metrics)
-    write_json(args.report, report)
+    # Numbers only in the metric (dvc metrics show); the whole report, text and nulls too, beside it.
+    write_json(details_path(args.report), report)
+    write_json(args.report, numbers(report))
     write_text(args.plot, _csv(plot_rows(report)))
     print(f"reconstruct: {n_responses} responses -> {kept} kept, "
           f"{n_responses - kept} quarantined; match {dict(result.counts['match'])}; "

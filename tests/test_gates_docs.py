@@ -172,3 +172,27 @@ def test_only_the_newest_runs_of_each_suite_stay_in_the_site_and_its_stores(work
 def test_a_keep_runs_below_one_is_no_verdict(workdir, capsys):
     assert gate("tokens.json", "--keep-runs", "0") == 2
     assert "--keep-runs 0: keep at least 1 run" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_built_wheel_carries_every_vendored_asset(tmp_path):
+    # A non-editable install (pip install ., a wheel on a cluster) has only what the wheel holds:
+    # without the package-data entry in pyproject.toml the assets stay behind and pages go blank.
+    import sys
+    import zipfile
+
+    repo = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, src / name)
+    shutil.copytree(repo / "draftgate", src / "draftgate", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                    "build_meta.build_wheel(sys.argv[1])", str(tmp_path / "dist")],
+                   cwd=src, check=True, capture_output=True)
+    [wheel] = (tmp_path / "dist").glob("draftgate-*.whl")
+    assets = repo / "draftgate" / "gates" / "assets"
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"draftgate/{f.relative_to(repo / 'draftgate').as_posix()}" for f in assets.rglob("*") if f.is_file()}
+    assert len(expected) > 20 and expected <= names

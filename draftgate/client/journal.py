@@ -78,13 +78,37 @@ def read_journal(path: str | Path) -> JournalScan:
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None
+    rec = loads(line)
     if not isinstance(rec, dict) or not isinstance(rec.get("prompt_id"), str) or rec.get("status") not in ("ok", "failed"):
         return None
     return rec
+
+
+def loads(line: bytes) -> Any:
+    """One JSON line, or None. orjson (a dependency of GX and DVC) parses ~3x faster than json;
+    it refuses what json accepts on lines such as escaped lone surrogates (encode_line), which
+    json then reads. The values are the same either way."""
+    return loads_clean(line)[0]
+
+
+def loads_clean(line: bytes) -> tuple[Any, bool]:
+    """(value or None, whether every string in it is known to be valid UTF-8): orjson refuses
+    lone surrogates, so what it parsed holds none; json's output may."""
+    try:
+        return _orjson_loads(line), _ORJSON
+    except ValueError:      # orjson.JSONDecodeError subclasses ValueError
+        pass
+    try:
+        return json.loads(line), False
+    except ValueError:
+        return None, False
+
+
+try:
+    from orjson import loads as _orjson_loads
+    _ORJSON = True
+except ImportError:   # pragma: no cover  (installed with great_expectations and dvc)
+    _orjson_loads, _ORJSON = json.loads, False
 
 
 def latest(records: list[dict[str, Any]], hashes: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -105,8 +129,9 @@ class JournalIndex:
 
     One streaming pass parses every line once and keeps, per line, 64-bit digests of its prompt id
     and request hash, its status, whether it is done (the resume rule above), and its byte range.
-    `chosen(prompt_id, request_hash)` applies the table rule (last ok, else last failed, current
-    hash only) to that prompt's few lines; `read` parses the chosen line from the file.
+    The table rule (last ok, else last failed, current hash only) is applied once, to every
+    (prompt, request hash) pair at the end of the scan, so a lookup is a binary search, and
+    `lookup` answers a whole batch of prompts in numpy. `read` parses the chosen line from the file.
     """
 
     def __init__(self) -> None:
@@ -147,7 +172,7 @@ class JournalIndex:
     def _add(self, rec: dict[str, Any], off: int, length: int) -> None:
         c = self._cols
         c["key"].append(digest64(rec["prompt_id"]))
-        c["hash"].append(digest64(rec.get("request_hash") or ""))
+        c["hash"].append(hash64(rec.get("request_hash") or ""))
         c["ok"].append(rec["status"] == "ok")
         c["done"].append(is_done(rec))
         c["off"].append(off)
@@ -155,48 +180,104 @@ class JournalIndex:
         self.records += 1
 
     def _sorted(self) -> JournalIndex:
+        """Keep one line per (prompt, request hash): the chosen one; sorted for binary search."""
         import numpy as np
 
-        cols = {k: np.frombuffer(v, dtype=v.typecode if v.typecode != "b" else np.int8) if len(v) else
-                np.zeros(0, dtype=np.int64) for k, v in self._cols.items()}
-        order = np.lexsort((np.arange(len(cols["key"])), cols["key"]))   # by prompt, then line order
-        self._cols = {k: v[order] for k, v in cols.items()}
+        cols = {k: np.frombuffer(v, dtype=np.uint64 if v.typecode == "Q" else np.int8 if v.typecode == "b"
+                                 else np.int64).copy() if len(v) else
+                np.zeros(0, dtype=np.uint64 if v.typecode == "Q" else np.int64) for k, v in self._cols.items()}
+        # Lines by pair, then ok after failed, then line order: the last of each pair is the chosen one.
+        order = np.lexsort((np.arange(len(cols["key"])), cols["ok"], cols["hash"], cols["key"]))
+        cols = {k: v[order] for k, v in cols.items()}
+        key, h = cols["key"], cols["hash"]
+        last = np.ones(len(key), dtype=bool)
+        if len(key):
+            last[:-1] = (key[1:] != key[:-1]) | (h[1:] != h[:-1])
+        self._cols = {k: v[last] for k, v in cols.items()}
         return self
 
-    def _line(self, prompt_id: str, request_hash: str) -> int | None:
+    def lookup(self, keys: Any, hashes: Any) -> Any:
+        """For each (digest64(prompt_id), hash64(request_hash)) pair: the position of its chosen
+        line (for `where`, `is_done`), or -1 when the journal has no line for it."""
         import numpy as np
 
+        keys = np.asarray(keys, dtype=np.uint64)
+        hashes = np.asarray(hashes, dtype=np.uint64)
         c = self._cols
-        k = np.uint64(digest64(prompt_id))
-        lo, hi = np.searchsorted(c["key"], k, "left"), np.searchsorted(c["key"], k, "right")
-        h = digest64(request_hash)
-        ok = failed = None
-        for i in range(int(lo), int(hi)):
-            if int(c["hash"][i]) == h:
-                if c["ok"][i]:
-                    ok = i
-                else:
-                    failed = i
-        return ok if ok is not None else failed
+        found = np.full(len(keys), -1, dtype=np.int64)
+        if not len(c["key"]) or not len(keys):
+            return found
+        lo = np.searchsorted(c["key"], keys, "left")
+        hi = np.searchsorted(c["key"], keys, "right")
+        one = hi - lo == 1            # the usual case: one request hash per prompt in the journal
+        at = np.minimum(lo, len(c["key"]) - 1)
+        hit = one & (c["hash"][at] == hashes)
+        found[hit] = lo[hit]
+        for j in np.nonzero(hi - lo > 1)[0]:   # old hashes too (params changed): a short search
+            i = int(lo[j]) + int(np.searchsorted(c["hash"][lo[j]:hi[j]], hashes[j]))
+            if i < hi[j] and c["hash"][i] == hashes[j]:
+                found[j] = i
+        return found
+
+    def where(self, positions: Any) -> list[tuple[int, int] | None]:
+        """(offset, length) of each looked-up line, None where there is none."""
+        off, length = self._cols["off"], self._cols["len"]
+        return [None if i < 0 else (int(off[i]), int(length[i])) for i in positions.tolist()]
+
+    def is_done(self, positions: Any) -> Any:
+        """Per looked-up line: done by the resume rule (module docstring)."""
+        import numpy as np
+
+        done = np.zeros(len(positions), dtype=bool)
+        has = positions >= 0
+        done[has] = self._cols["done"][positions[has]] != 0
+        return done
+
+    def _line(self, prompt_id: str, request_hash: str) -> int:
+        return int(self.lookup([digest64(prompt_id)], [hash64(request_hash)])[0])
 
     def chosen(self, prompt_id: str, request_hash: str) -> tuple[int, int] | None:
         """(offset, length) of the line that represents the prompt, or None."""
         i = self._line(prompt_id, request_hash)
-        return None if i is None else (int(self._cols["off"][i]), int(self._cols["len"][i]))
+        return None if i < 0 else (int(self._cols["off"][i]), int(self._cols["len"][i]))
 
     def done(self, prompt_id: str, request_hash: str) -> bool:
         i = self._line(prompt_id, request_hash)
-        return i is not None and bool(self._cols["done"][i])
+        return i >= 0 and bool(self._cols["done"][i])
 
     @staticmethod
     def read(f: Any, where: tuple[int, int]) -> dict[str, Any]:
+        return JournalIndex.read_clean(f, where)[0]
+
+    @staticmethod
+    def read_clean(f: Any, where: tuple[int, int]) -> tuple[dict[str, Any], bool]:
+        """The line and whether its text is known to be valid UTF-8 (loads_clean)."""
         f.seek(where[0])
-        return json.loads(f.read(where[1]))
+        raw = f.read(where[1])
+        rec, clean = loads_clean(raw)
+        return (rec, clean) if rec is not None else (json.loads(raw), False)   # json's own error
 
 
 def digest64(text: str) -> int:
     # 64 bits of blake2b: an index key, always confirmed by the request hash's own 64 bits.
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def hash64(request_hash: str) -> int:
+    """64 bits of a request hash (a sha256 in hex: its first 16 digits; anything else, digested)."""
+    if len(request_hash) == 64:
+        try:
+            return int(request_hash[:16], 16)
+        except ValueError:
+            pass
+    return digest64(request_hash)
+
+
+def hash64_array(hash_bytes: bytes) -> Any:
+    """hash64 of request hashes given as 32 raw bytes each (run.RunResult.hash_bytes), in numpy."""
+    import numpy as np
+
+    return np.frombuffer(hash_bytes, dtype=">u8").reshape(-1, 4)[:, 0].astype(np.uint64)
 
 
 def is_done(rec: dict[str, Any]) -> bool:

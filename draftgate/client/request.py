@@ -40,8 +40,8 @@ class Prompt:
 
 def prompt_from_row(row: dict[str, Any], where: str) -> Prompt:
     try:
-        messages = json.loads(row["messages"])
-        tools = json.loads(row["tools"]) if row.get("tools") else None
+        messages = _loads(row["messages"])
+        tools = _loads(row["tools"]) if row.get("tools") else None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: prompt {row.get('prompt_id')!r}: messages/tools are not JSON ({e}); "
                          "re-run the prompts stage") from None
@@ -49,6 +49,21 @@ def prompt_from_row(row: dict[str, Any], where: str) -> Prompt:
         raise ValueError(f"{where}: prompt {row.get('prompt_id')!r}: messages must be a non-empty list")
     return Prompt(row["prompt_id"], row.get("dataset") or "", messages, tools,
                   len(row["messages"]) + len(row.get("tools") or ""))
+
+
+def _loads(text: str) -> Any:
+    # orjson (installed with GX and DVC) parses ~3x faster and gives the same values; what it
+    # refuses (lone surrogates, integers past 64 bits) json reads, or rejects with its own error.
+    try:
+        return _orjson_loads(text)
+    except ValueError:
+        return json.loads(text)
+
+
+try:
+    from orjson import loads as _orjson_loads
+except ImportError:   # pragma: no cover
+    _orjson_loads = json.loads
 
 
 def build_body(prompt: Prompt, p: GenerateParams) -> dict[str, Any]:

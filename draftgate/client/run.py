@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 from draftgate.client.budget import Budget, budget_problem, cost_of, line_cost, worst_case
 from draftgate.client.http import ChatClient
-from draftgate.client.journal import Journal, JournalIndex
+from draftgate.client.journal import Journal, JournalIndex, digest64, hash64_array
 from draftgate.client.progress import Progress
 from draftgate.client.request import Prompt, build_body, encode_body, request_hash
 from draftgate.client.redact import redact
@@ -179,15 +179,30 @@ async def run_async(prompts: list[Prompt] | PromptSource, params: GenerateParams
               f"{len(index.bad_lines)} unreadable lines (a crash mid-write); those prompts are redone",
               file=sys.stderr)
     # A first pass counts what is to do and its worst case; the second sends it. Both stream. The
-    # request hashes are kept as 32 bytes a prompt, in prompt order, for the send and table passes.
-    n_todo, worst, hashed = 0, 0.0, bytearray()
+    # request hashes are kept as 32 bytes a prompt, in prompt order, for the send and table passes,
+    # and whether each prompt is done as 1 byte; the journal is asked a batch of prompts at a time.
+    n_todo, worst, hashed, done = 0, 0.0, bytearray(), bytearray()
+    start = 0
+
+    def settle(batch: list[Prompt]) -> None:
+        nonlocal n_todo, worst
+        at = index.lookup([digest64(p.prompt_id) for p in batch], hash64_array(bytes(hashed[32 * start:])))
+        flags = index.is_done(at)
+        done.extend(flags.tobytes())
+        for p, d in zip(batch, flags.tolist()):
+            if not d:
+                n_todo += 1
+                worst += worst_case(p, params.price, params.max_tokens)
+
+    batch: list[Prompt] = []
     for p in source():
         result.total += 1
-        h = hash_of(p)
-        hashed += bytes.fromhex(h)
-        if not index.done(p.prompt_id, h):
-            n_todo += 1
-            worst += worst_case(p, params.price, params.max_tokens)
+        hashed += bytes.fromhex(hash_of(p))
+        batch.append(p)
+        if len(batch) == 4096:
+            settle(batch)
+            start, batch = result.total, []
+    settle(batch)
     result.skipped = result.total - n_todo
     result.hash_bytes = bytes(hashed)
     if not n_todo:
@@ -198,8 +213,7 @@ async def run_async(prompts: list[Prompt] | PromptSource, params: GenerateParams
         policy = Policy(params.retry_base_s, params.retry_max_s, params.retry_after_cap_s)
     runner = _Runner(params, target, policy, result, seed,
                      Progress(n_todo) if progress else None)
-    todo = ((p, h) for i, p in enumerate(source()) for h in (hashed[32 * i:32 * i + 32].hex(),)
-            if not index.done(p.prompt_id, h))
+    todo = ((p, hashed[32 * i:32 * i + 32].hex()) for i, p in enumerate(source()) if not done[i])
     async with Journal(journal_path) as journal:
         await runner.run(todo, n_todo, worst, journal)
         result.journal_commits = journal.commits

@@ -161,9 +161,10 @@ class ExpectColumnValueFractionBetween(ColumnAggregateExpectation):
 
 # ------------------------------------------------------------ sum ratio of two columns
 
-class TableColumnSumRatio(TableMetricProvider):
-    metric_name = "table.column_sum_ratio"
-    value_keys = ("column", "denominator_column", "absolute")
+class TableColumnSums(TableMetricProvider):
+    # The two sums, not their ratio: a gate validated in batches adds them up (merge.py).
+    metric_name = "table.column_sums"
+    value_keys = ("column", "denominator_column")
 
     @metric_value(engine=PandasExecutionEngine)
     def _pandas(cls, execution_engine, metric_domain_kwargs, metric_value_kwargs, metrics,
@@ -172,9 +173,7 @@ class TableColumnSumRatio(TableMetricProvider):
             domain_kwargs=metric_domain_kwargs, domain_type=MetricDomainTypes.TABLE)
         num = df[metric_value_kwargs["column"]].sum()
         den = df[metric_value_kwargs["denominator_column"]].sum()
-        if metric_value_kwargs["absolute"]:
-            num = abs(num)
-        return None if den == 0 else float(num) / float(den)
+        return (num.item() if hasattr(num, "item") else num, den.item() if hasattr(den, "item") else den)
 
 
 class ExpectColumnSumRatioBetween(BatchExpectation):
@@ -189,7 +188,7 @@ class ExpectColumnSumRatioBetween(BatchExpectation):
     strict_max: bool = False
 
     domain_keys: ClassVar[Tuple[str, ...]] = ("batch_id",)
-    metric_dependencies: ClassVar[Tuple[str, ...]] = ("table.column_sum_ratio",)
+    metric_dependencies: ClassVar[Tuple[str, ...]] = ("table.column_sums",)
     success_keys: ClassVar[Tuple[str, ...]] = (
         "column", "denominator_column", "absolute", "min_value", "max_value", "strict_min", "strict_max")
     args_keys: ClassVar[Tuple[str, ...]] = ("column", "denominator_column", "min_value", "max_value")
@@ -216,7 +215,11 @@ class ExpectColumnSumRatioBetween(BatchExpectation):
                          + _bounds_text(kw.get("min_value"), kw.get("max_value")) + ".", kw)
 
     def _validate(self, metrics: dict, runtime_configuration: Optional[dict] = None, execution_engine=None):
-        return _between(metrics.get("table.column_sum_ratio"), self)
+        total, den = metrics.get("table.column_sums")
+        num = abs(total) if self.absolute else total
+        verdict = _between(None if den == 0 else float(num) / float(den), self)
+        verdict["result"]["details"] = {"sum": total, "denominator_sum": den}   # signed: merge.py adds them
+        return verdict
 
 
 # ------------------------------------------------------------ chat roles in JSON messages

@@ -17,12 +17,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import great_expectations as gx
 import great_expectations.exceptions as gx_exceptions
 from great_expectations.data_context.types.base import DataContextConfig, ProgressBarsConfig
 from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
+from great_expectations.expectations.expectation import (
+    ColumnMapExpectation,
+    ColumnPairMapExpectation,
+    MulticolumnMapExpectation,
+)
 from great_expectations.expectations.registry import (
     get_expectation_impl,
     list_registered_expectation_implementations,
@@ -30,6 +35,7 @@ from great_expectations.expectations.registry import (
 
 import draftgate.gates.custom  # noqa: F401  (registers the custom expectations)
 from draftgate.gates import docs as site_docs
+from draftgate.gates import merge
 
 SITE = "draftgate"
 
@@ -132,9 +138,23 @@ def build_expectation(spec) -> Any:
 
 # ------------------------------------------------------------ run
 
-def validate(context, suite_name: str, expectations: list, frame, asset: str, docs: Path | None,
-             result_format: dict, meta: dict | None = None, keep: int = site_docs.KEEP_RUNS) -> Run:
-    """Validate `frame` against the suite; with `docs`, prune old results and update the site."""
+def batchable(expectations: list) -> bool:
+    """Whether every expectation's results merge from batches (merge.py); else the table is
+    validated whole, in one frame, as GX's documented path does."""
+    row_level = (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
+    return all(merge.batchable(e.expectation_type, isinstance(e, row_level)) for e in expectations)
+
+
+def validate(context, suite_name: str, expectations: list, frames: Iterable, asset: str, docs: Path | None,
+             result_format: dict, meta: dict | None = None, keep: int = site_docs.KEEP_RUNS,
+             rows: Callable[[], list[int]] | None = None, duplicates: Callable[[str, int], Any] | None = None) -> Run:
+    """Validate the table (`frames`: its batches, in order) against the suite; with `docs`, prune
+    old results and update the site.
+
+    One frame: GX's result as it is. More: GX validates each batch and merge.py makes the whole
+    table's result of theirs (`rows()`: the batches' row counts; `duplicates(column, n)`: a
+    uniqueness count over the whole table); with docs, only that result stays in the store.
+    """
     t0 = time.perf_counter()
     suite = gx.ExpectationSuite(name=suite_name, expectations=expectations, meta=meta or {})
     # The store assigns the expectations' ids, which map GX's (reordered) results back to entries.
@@ -144,7 +164,21 @@ def validate(context, suite_name: str, expectations: list, frame, asset: str, do
     definition = context.validation_definitions.add(gx.ValidationDefinition(name=suite_name, data=batch,
                                                                             suite=suite))
     t1 = time.perf_counter()
-    validation = definition.run(batch_parameters={"dataframe": frame}, result_format=dict(result_format))
+    runs = [definition.run(batch_parameters={"dataframe": frame}, result_format=dict(result_format))
+            for frame in frames]
+    validation = runs[-1]
+    if len(runs) > 1:
+        merged(runs, rows() if rows else [], result_format, duplicates)
+        if docs:   # each batch's run stored its result: keep one key, holding the merged result
+            store = context.validation_results_store
+            ids = {r.meta["run_id"].to_tuple() for r in runs}
+            last = validation.meta["run_id"].to_tuple()
+            for key in store.list_keys():
+                if key.expectation_suite_identifier.name == suite_name and key.run_id.to_tuple() in ids:
+                    if key.run_id.to_tuple() == last:
+                        store.set(key, validation)
+                    else:
+                        store.remove_key(key)
     t2, cpu2 = time.perf_counter(), time.process_time()
     page, remote = None, []
     if docs:
@@ -156,7 +190,41 @@ def validate(context, suite_name: str, expectations: list, frame, asset: str, do
         page = urls[0]["site_url"] if urls else None
     t3, cpu3 = time.perf_counter(), time.process_time()
     return Run(validation=validation, ids=[str(e.id) for e in suite.expectations], page=page, remote=remote,
-               timings={"gx_setup_s": t1 - t0, "gx_run_s": t2 - t1, "gx_docs_s": t3 - t2, "gx_docs_cpu_s": cpu3 - cpu2})
+               timings={"gx_setup_s": t1 - t0, "gx_run_s": t2 - t1, "gx_docs_s": t3 - t2, "gx_docs_cpu_s": cpu3 - cpu2,
+                        "batches": len(runs)})
+
+
+def merged(runs: list, rows: list[int], result_format: dict, duplicates: Callable[[str, int], Any] | None) -> None:
+    """Make the last run's result the whole table's (merge.py), in place: each expectation's
+    success and result, and the suite's success and statistics."""
+    partial = result_format.get("partial_unexpected_count", 20)
+    by_id = [{str(o.expectation_config.id): o for o in r.results} for r in runs]
+    final = runs[-1]
+    for outcome in final.results:
+        ident = str(outcome.expectation_config.id)
+        parts = [b[ident] for b in by_id]
+        if any(_raised(p.exception_info) for p in parts):
+            failed = next(p for p in parts if _raised(p.exception_info))
+            outcome.success, outcome.result, outcome.exception_info = False, failed.result, failed.exception_info
+            continue
+        cfg = outcome.expectation_config
+        kwargs = dict(cfg.kwargs)
+        dup = duplicates(kwargs["column"], partial) if cfg.type == merge.UNIQUE and duplicates else None
+        outcome.success, outcome.result = merge.merge(cfg.type, kwargs, [dict(p.result) for p in parts],
+                                                      [bool(p.success) for p in parts], rows, partial, dup)
+    good = sum(bool(o.success) for o in final.results)
+    total = len(final.results)
+    final.success = good == total
+    final.statistics = {**final.statistics, "evaluated_expectations": total, "successful_expectations": good,
+                        "unsuccessful_expectations": total - good,
+                        "success_percent": good / total * 100 if total else None}
+
+
+def _raised(info: Any) -> bool:
+    if not isinstance(info, dict):
+        return False
+    found = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]
+    return any(f.get("raised_exception") for f in found)
 
 
 def prune(context, docs: Path, suite_name: str, keep: int) -> list:

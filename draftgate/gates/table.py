@@ -13,9 +13,9 @@ import glob
 import hashlib
 import json
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from draftgate.gates.suite import NAME_RE, GateError
 
@@ -80,8 +80,11 @@ def register_input(con, inp: Input, files: list[Path], table_key: str | None) ->
         elif suffix == ".json" and table_key is None and _is_object(files[0]):
             # A side input that is one JSON document (contract.json): one row, nested fields as
             # structs, e.g. `SELECT roles.end_id FROM contract`.
+            # The reader's buffer is sized by maximum_object_size (twice it): the file's own size,
+            # not a fixed 256 MB that DuckDB's memory limit (DUCKDB_MEMORY) would refuse.
+            size = max(files[0].stat().st_size + 1, 16 << 20)
             con.execute(f"CREATE VIEW {_ident(inp.name)} AS SELECT * FROM read_json({listing}, "
-                        "format='unstructured', maximum_object_size=268435456)")
+                        f"format='unstructured', maximum_object_size={size})")
         elif suffix == ".json":
             con.register(inp.name, json_table(inp, files[0], table_key))
         else:
@@ -123,14 +126,49 @@ def json_table(inp: Input, path: Path, table_key: str | None):
 
 # ------------------------------------------------------------ the validated table
 
+# Rows GX validates at a time (merge.py merges the batches' results). A tokens view row is ~0.3 KB
+# in pandas, a prompts row with its messages ~0.5 KB: a batch stays in the tens of MB whatever the
+# table's size (docs/great-expectations.md, "Gates in bounded memory").
+BATCH_ROWS = 65_536
+# DuckDB's own memory for a view's joins, windows and group-bys; beyond it DuckDB spills to a
+# temporary directory rather than grow with the table.
+DUCKDB_MEMORY = "256MB"
+
+
 @dataclass
 class Loaded:
-    frame: Any                     # pandas DataFrame given to GX
-    rows: int
+    source: "Source"               # the table, read batch by batch (Loaded.batches)
     columns: list[str]             # every column of the validated table
     loaded: list[str]              # the ones materialised
     inputs: list[dict]             # name, path, rows of each input
     files: list[list[Path]]        # each input's files, for fingerprints()
+    order: list[str]               # the frame's columns (loaded ones, or every name as placeholders)
+    rows: int = 0                  # counted as the batches go by
+    batch_rows: list[int] = field(default_factory=list)
+
+    def batches(self, size: int | None = None) -> Iterator[Any]:
+        """pandas frames of `size` rows (the last one shorter; one empty frame for an empty table),
+        in table order. `size` None: the whole table as one frame."""
+        self.rows, self.batch_rows = 0, []
+        for arrow in _rechunk(self.source.arrow_batches(self.loaded), size):
+            if arrow is None:    # no column read: frames of placeholders, as many rows as the table
+                total = self.source.count()
+                step = size or max(total, 1)
+                for n in [min(step, total - i) for i in range(0, total, step)] or [0]:
+                    self.rows += n
+                    self.batch_rows.append(n)
+                    yield to_frame(None, n, self.order)
+                return
+            self.rows += arrow.num_rows
+            self.batch_rows.append(arrow.num_rows)
+            yield to_frame(arrow, arrow.num_rows, self.order)
+
+    def duplicates(self, column: str, sample: int):
+        """merge.Duplicates of `column` over the whole table (a uniqueness check across batches)."""
+        return self.source.duplicates(column, sample)
+
+    def close(self) -> None:
+        self.source.close()
 
 
 def fingerprints(loaded: Loaded) -> Future:
@@ -146,69 +184,198 @@ def fingerprints(loaded: Loaded) -> Future:
 
 
 def load_table(inputs: list[Input], *, table_key: str | None = None, view: str | None = None,
-               wanted: set[str] | None = None, all_names: bool = False, where: str = "suite") -> Loaded:
+               wanted: set[str] | None = None, all_names: bool = False, where: str = "suite",
+               computed: dict[str, Any] | None = None) -> Loaded:
     """The validated table: the first input (or `view` over all inputs), only `wanted` columns.
 
+    Nothing is read here but schemas and row counts: `Loaded.batches()` streams the rows.
     `all_names`: every column of the table appears (unread ones as null placeholders), for the
-    table-level checks that compare column names.
+    table-level checks that compare column names. `computed`: relation name -> Arrow table, side
+    tables a suite's producer made (compute.py), which the view reads beside the inputs.
     """
     files_of = [input_files(inp) for inp in inputs]
     facts = [{"name": inp.name, "path": inp.path} for inp in inputs]
-    if view is None and len(inputs) == 1 and files_of[0][0].suffix.lower() == ".parquet":
-        columns, arrow, rows = _read_parquet(inputs[0], files_of[0], wanted)
-        facts[0]["rows"] = rows
+    if view is None and not computed and len(inputs) == 1 and files_of[0][0].suffix.lower() == ".parquet":
+        source: Source = ParquetSource(inputs[0], files_of[0])
+        facts[0]["rows"] = source.count()
     else:
-        columns, arrow, rows = _read_duckdb(inputs, files_of, facts, table_key, view, wanted, where)
+        source = DuckSource(inputs, files_of, facts, table_key, view, where, computed or {})
+    columns = source.columns
     keep = [c for c in columns if wanted is None or c in wanted]
-    frame = to_frame(arrow, rows, columns if all_names else keep)
-    return Loaded(frame=frame, rows=rows, columns=columns, loaded=keep, inputs=facts, files=files_of)
+    return Loaded(source=source, columns=columns, loaded=keep, inputs=facts, files=files_of,
+                  order=columns if all_names else keep)
 
 
-def _read_parquet(inp: Input, files: list[Path], wanted: set[str] | None):
-    """A plain Parquet artifact: pyarrow decodes the projected columns in parallel (one 100k-row
-    group: ~0.03 s for a tokens table's 7 scalar columns, DuckDB ~0.04 s)."""
+def _rechunk(batches: Iterator[Any], size: int | None) -> Iterator[Any]:
+    """Arrow record batches -> tables of exactly `size` rows (the last one shorter; None: one
+    table of all), in order; a None batch (no column read) passes through as one None."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
 
-    try:
-        dataset = ds.dataset([str(f) for f in files], format="parquet")
-        columns = list(dataset.schema.names)
-        keep = [c for c in columns if wanted is None or c in wanted]
-        if keep:
-            arrow = dataset.to_table(columns=keep)
-            return columns, arrow, arrow.num_rows
-        return columns, None, dataset.count_rows()
-    except (pa.ArrowException, OSError) as e:
-        raise GateError(f"input {inp.name!r}: {inp.path}: unreadable as parquet: {_one_line(e)}; "
-                        "regenerate the file with the stage that writes it") from None
+    held: list = []
+    n, sent = 0, False
+    for b in batches:
+        if b is None:
+            yield None
+            return
+        held.append(pa.Table.from_batches([b]))
+        n += b.num_rows
+        while size is not None and n >= size:
+            table = pa.concat_tables(held)
+            yield table.slice(0, size)
+            sent = True
+            rest = table.slice(size)
+            held, n = ([rest] if rest.num_rows else []), rest.num_rows
+    if held and (n or not sent):     # the rest; or the empty table (sources yield one empty batch)
+        yield pa.concat_tables(held)
 
 
-def _read_duckdb(inputs, files_of, facts, table_key, view, wanted, where):
-    """Views, JSONL, JSON documents: every input becomes a DuckDB relation named after it."""
+class Source:
+    columns: list[str]
+
+    def arrow_batches(self, keep: list[str]) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def count(self) -> int:
+        raise NotImplementedError
+
+    def duplicates(self, column: str, sample: int):
+        """Non-null values of `column` that occur more than once: how many rows hold one, and the
+        first `sample` of those rows' values in table order (GX's rule for uniqueness)."""
+        from draftgate.gates.merge import Duplicates
+
+        con, source = self.relation()
+        col = _ident(column)
+        dup = (f"SELECT {col} FROM {source} AS t WHERE {col} IS NOT NULL AND {col} IN "
+               f"(SELECT {col} FROM {source} AS u WHERE {col} IS NOT NULL GROUP BY {col} HAVING count(*) > 1)")
+        n = con.execute(f"SELECT count(*) FROM ({dup})").fetchall()[0][0]
+        values = [r[0] for r in con.execute(f"{dup} LIMIT {int(sample)}").fetchall()] if n else []
+        return Duplicates(count=int(n), sample=values)
+
+    def relation(self) -> tuple[Any, str]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _duck(tmp: list) -> Any:
+    """A DuckDB connection whose memory is capped (it spills to a private temporary directory)."""
+    import tempfile
+
     import duckdb
 
     con = duckdb.connect()
-    for inp, files in zip(inputs, files_of):
-        register_input(con, inp, files, table_key if inp is inputs[0] else None)
-    source = f"({view})" if view else _ident(inputs[0].name)
-    try:
-        columns = con.sql(f"SELECT * FROM {source} AS t LIMIT 0").columns
-    except duckdb.Error as e:
-        given = ", ".join(i.name for i in inputs)
-        raise GateError(f"{where}: view does not run: {_one_line(e)}; inputs given: {given} "
-                        "(pass more with --input NAME=PATH)") from None
-    keep = [c for c in columns if wanted is None or c in wanted]
-    try:
-        if keep:
-            arrow = con.sql(f"SELECT {', '.join(map(_ident, keep))} FROM {source} AS t").to_arrow_table()
-            rows = arrow.num_rows
-        else:
-            arrow, rows = None, con.execute(f"SELECT count(*) FROM {source} AS t").fetchall()[0][0]
-        for f, inp in zip(facts, inputs):
-            f["rows"] = con.execute(f"SELECT count(*) FROM {_ident(inp.name)}").fetchall()[0][0]
-    except duckdb.Error as e:
-        raise GateError(f"{where}: reading the table failed: {_one_line(e)}") from None
-    return list(columns), arrow, rows
+    tmp.append(tempfile.mkdtemp(prefix="draftgate-gate-"))
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
+    con.execute(f"SET temp_directory = {_sql_str(tmp[-1])}")
+    return con
+
+
+class ParquetSource(Source):
+    """A plain Parquet artifact: pyarrow decodes the projected columns, a row group at a time."""
+
+    def __init__(self, inp: Input, files: list[Path]):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.inp, self.files = inp, files
+        self.con = None
+        self.tmp: list[str] = []
+        try:
+            self.readers = [pq.ParquetFile(f) for f in files]
+            self.columns = list(self.readers[0].schema_arrow.names)
+        except (pa.ArrowException, OSError) as e:
+            raise GateError(f"input {inp.name!r}: {inp.path}: unreadable as parquet: {_one_line(e)}; "
+                            "regenerate the file with the stage that writes it") from None
+
+    def count(self) -> int:
+        return sum(r.metadata.num_rows for r in self.readers)
+
+    def arrow_batches(self, keep: list[str]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        if not keep:
+            yield None
+            return
+        try:
+            for r in self.readers:
+                for i in range(r.num_row_groups):
+                    yield from r.read_row_group(i, columns=keep).to_batches()
+            # Always a batch, if an empty one: the frame keeps its columns' types.
+            yield pa.RecordBatch.from_pylist([], schema=pa.schema([self.readers[0].schema_arrow.field(c) for c in keep]))
+        except (pa.ArrowException, OSError) as e:
+            raise GateError(f"input {self.inp.name!r}: {self.inp.path}: unreadable as parquet: {_one_line(e)}; "
+                            "regenerate the file with the stage that writes it") from None
+
+    def relation(self) -> tuple[Any, str]:
+        if self.con is None:
+            self.con = _duck(self.tmp)
+        listing = "[" + ", ".join(_sql_str(str(f)) for f in self.files) + "]"
+        return self.con, f"read_parquet({listing})"
+
+    def close(self) -> None:
+        _close(self.con, self.tmp)
+
+
+class DuckSource(Source):
+    """Views, JSONL, JSON documents: every input becomes a DuckDB relation named after it; the
+    table streams out of DuckDB as Arrow batches."""
+
+    def __init__(self, inputs, files_of, facts, table_key, view, where, computed):
+        import duckdb
+
+        self.tmp: list[str] = []
+        self.con = con = _duck(self.tmp)
+        self.where = where
+        for inp, files in zip(inputs, files_of):
+            register_input(con, inp, files, table_key if inp is inputs[0] else None)
+        for name, table in computed.items():
+            con.register(name, table)
+        self.source = f"({view})" if view else _ident(inputs[0].name)
+        try:
+            self.columns = list(con.sql(f"SELECT * FROM {self.source} AS t LIMIT 0").columns)
+        except duckdb.Error as e:
+            given = ", ".join(i.name for i in inputs)
+            raise GateError(f"{where}: view does not run: {_one_line(e)}; inputs given: {given} "
+                            "(pass more with --input NAME=PATH)") from None
+        try:
+            for f, inp in zip(facts, inputs):
+                f["rows"] = con.execute(f"SELECT count(*) FROM {_ident(inp.name)}").fetchall()[0][0]
+        except duckdb.Error as e:
+            raise GateError(f"{where}: reading the table failed: {_one_line(e)}") from None
+
+    def count(self) -> int:
+        return self.con.execute(f"SELECT count(*) FROM {self.source} AS t").fetchall()[0][0]
+
+    def arrow_batches(self, keep: list[str]) -> Iterator[Any]:
+        import duckdb
+        import pyarrow as pa
+
+        if not keep:
+            yield None
+            return
+        try:
+            reader = self.con.sql(f"SELECT {', '.join(map(_ident, keep))} FROM {self.source} AS t") \
+                .to_arrow_reader(BATCH_ROWS)
+            yield from reader
+            yield pa.RecordBatch.from_pylist([], schema=reader.schema)   # see ParquetSource
+        except duckdb.Error as e:
+            raise GateError(f"{self.where}: reading the table failed: {_one_line(e)}") from None
+
+    def relation(self) -> tuple[Any, str]:
+        return self.con, self.source
+
+    def close(self) -> None:
+        _close(self.con, self.tmp)
+
+
+def _close(con: Any, tmp: list[str]) -> None:
+    import shutil
+
+    if con is not None:
+        con.close()
+    for d in tmp:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def to_frame(arrow, rows: int, order: list[str]):

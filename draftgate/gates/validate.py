@@ -12,7 +12,9 @@ result (everything the gate saw, for review) are written in all three cases and 
 timestamps or timings, so an unchanged artifact gives byte-identical files.
 
 The suite format is in suite.py. Only the columns the suite reads are loaded (table.py): a tokens
-table's id lists are never materialised unless a check reads them.
+table's id lists are never materialised unless a check reads them. The table streams to GX in
+batches of --batch-rows rows whose results merge into the whole table's (merge.py), so a gate's
+memory does not grow with the table.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from draftgate.gates.suite import (
     parameter_names,
     resolve_parameters,
 )
-from draftgate.gates.table import Input, fingerprints, load_table, parse_input
+from draftgate.gates.table import BATCH_ROWS, Input, fingerprints, load_table, parse_input
 from draftgate.io import write_json
 
 RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": 5}
@@ -57,7 +59,7 @@ class GateRun:
 
 
 def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml",
-             docs: Path | None = None, keep_runs: int = KEEP_RUNS) -> GateRun:
+             docs: Path | None = None, keep_runs: int = KEEP_RUNS, batch_rows: int = BATCH_ROWS) -> GateRun:
     timings: dict[str, float] = {}
     clock = [(time.perf_counter(), time.process_time())]
 
@@ -93,10 +95,17 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
         expectations = [gx_run.build_expectation(s) for s in suite.expectations]
     except gx_run.SuiteError as e:
         raise GateError(f"{suite.path}: {e}") from None
-    run = gx_run.validate(gx_run.make_context(docs), suite.name, expectations, loaded.frame, asset=inputs[0].name,
-                          docs=docs, result_format=RESULT_FORMAT, meta=suite.meta, keep=keep_runs)
+    # In batches (bounded memory) when every check's results merge from batches (merge.py); a
+    # suite with one that does not is validated whole.
+    size = batch_rows if gx_run.batchable(expectations) else None
+    try:
+        run = gx_run.validate(gx_run.make_context(docs), suite.name, expectations, loaded.batches(size),
+                              asset=inputs[0].name, docs=docs, result_format=RESULT_FORMAT, meta=suite.meta,
+                              keep=keep_runs, rows=lambda: loaded.batch_rows, duplicates=loaded.duplicates)
+    finally:
+        loaded.close()
     gx_total = lap("gx_cpu_s")
-    timings.update(gx_setup_s=run.timings["gx_setup_s"], gx_run_s=run.timings["gx_run_s"],
+    timings.update(gx_setup_s=run.timings["gx_setup_s"], gx_run_s=run.timings["gx_run_s"], batches=run.timings["batches"],
                    gx_s=gx_total - run.timings["gx_docs_s"],  # context, suite, validation: the verdict
                    docs_s=run.timings["gx_docs_s"])          # pruning, rebuilding the site, offline assets
     timings["gx_cpu_s"] -= run.timings["gx_docs_cpu_s"]
@@ -146,6 +155,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-docs", action="store_true", help="skip the Data Docs update")
     ap.add_argument("--keep-runs", type=int, default=KEEP_RUNS, metavar="N",
                     help=f"validation results kept per suite in the Data Docs, newest first (default: {KEEP_RUNS})")
+    ap.add_argument("--batch-rows", type=int, default=BATCH_ROWS, metavar="N",
+                    help=f"rows GX validates at a time; the results are merged (default: {BATCH_ROWS})")
     ap.add_argument("--timings", help="write the run's phase timings (seconds) here; kept out of --metric and --result, "
                                       "which must not change between runs on the same data")
     return ap.parse_args(argv)
@@ -176,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             raise GateError(f"input names must differ, got {', '.join(names)}")
         if args.keep_runs < 1:
             raise GateError(f"--keep-runs {args.keep_runs}: keep at least 1 run (the one just made)")
+        if args.batch_rows < 1:
+            raise GateError(f"--batch-rows {args.batch_rows}: give a positive number of rows")
         run = run_gate(suite, inputs, params_path=args.params, docs=None if args.no_docs else Path(args.docs),
-                       keep_runs=args.keep_runs)
+                       keep_runs=args.keep_runs, batch_rows=args.batch_rows)
     except GateError as e:
         return no_verdict(args, str(e))
     except Exception as e:  # a crash inside GX or DuckDB: still no verdict, never a silent pass

@@ -181,10 +181,13 @@ class _FirstPass:
         res, res_ok = every.completion_residuals(conventions)
         pres, pres_ok = every.prompt_residuals(conventions)
         has = np.array([k in conventions for k in keys] + [False], dtype=bool)[c["code"]] & measured
-        conv = np.array([conventions[k].completion if k in conventions else None for k in keys] + [None],
-                        dtype=object)[c["code"]]
-        off = np.array([conventions[k].prompt_offset if k in conventions else None for k in keys] + [None],
-                       dtype=object)[c["code"]]
+        # Per provider, then taken per row by code in Arrow: no Python object per row.
+        code = pa.array(c["code"], pa.int32(), mask=~has)
+        conv = pa.array([conventions[k].completion if k in conventions else None for k in keys] + [None],
+                        pa.string()).take(code)
+        off = pa.array([conventions[k].prompt_offset if k in conventions else None for k in keys] + [None],
+                       pa.int32()).take(code)
+        del code
         bad = np.zeros(len(has), dtype=bool)
         if on_mismatch == "quarantine":
             bad = graded & ((res_ok & (res != 0)) | (pres_ok & (pres != 0)))
@@ -195,9 +198,9 @@ class _FirstPass:
                                       f"residual {int(pres[i]) if pres_ok[i] else None}")
                              for i in np.flatnonzero(bad)[:max(room, 0)]]
         settled = {
-            "billing_convention": pa.array(np.where(has, conv, None), pa.string()),
+            "billing_convention": conv,
             "billing_residual": pa.array(res, pa.int64(), mask=~(res_ok & has)),
-            "prompt_billing_offset": pa.array(np.where(has, off, None), pa.int32()),
+            "prompt_billing_offset": off,
             "prompt_billing_residual": pa.array(pres, pa.int64(), mask=~(pres_ok & has)),
             "bad": bad,
         }
@@ -349,9 +352,24 @@ def _list(offsets: Any, values: Any, missing: Any) -> Any:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), mask=missing)
 
 
+REPORT_COLUMNS = ["dataset", "match", "quarantine_reason", "billing_residual", "prompt_billing_residual"]
+
+
 def mismatch_report(tokens: Any, billing_summary: dict) -> dict:
     """Per dataset: rows, match classes, mismatch rate of the text method, billing agreement.
-    Counted by Arrow aggregations, not a Python object per cell (a million rows cost ~nothing)."""
+    `tokens`: a table, or an iterable of tables / record batches (the file read batch by batch:
+    memory does not grow with the rows). Counted by Arrow aggregations, not a Python object per
+    cell (a million rows cost ~nothing)."""
+    per: dict[str, dict[str, int]] = {}
+    for part in ([tokens] if hasattr(tokens, "num_rows") else tokens):
+        for ds, counts in _report_counts(part).items():
+            into = per.setdefault(ds, dict.fromkeys(counts, 0))
+            for n, v in counts.items():
+                into[n] += v
+    return _report(per, billing_summary)
+
+
+def _report_counts(tokens: Any) -> dict[str, dict[str, int]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -371,8 +389,12 @@ def mismatch_report(tokens: Any, billing_summary: dict) -> dict:
     })
     names = [n for n in t.column_names if n != "dataset"]
     grouped = t.group_by("dataset").aggregate([(n, "sum") for n in names]).to_pylist()
-    per = {g["dataset"]: {n: g[f"{n}_sum"] for n in names} for g in grouped}
+    return {g["dataset"]: {n: g[f"{n}_sum"] for n in names} for g in grouped}
+
+
+def _report(per: dict[str, dict[str, int]], billing_summary: dict) -> dict:
     if per:
+        names = list(next(iter(per.values())))
         per["all"] = {n: sum(c[n] for c in per.values()) for n in names}
     out = {}
     for ds, c in sorted(per.items(), key=lambda kv: (kv[0] == "all", kv[0])):
