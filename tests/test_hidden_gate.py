@@ -57,6 +57,18 @@ def test_a_dropped_row_fails_as_a_kept_row_without_features(world):
     assert failed(gate(world, out)) == {"kept_row_without_features"}
 
 
+def test_features_for_a_quarantined_row_fail_as_features_without_a_kept_row(world):
+    extra = copy.deepcopy(world["features"][0])
+    extra.prompt_id = "quarantined"         # same ids as p0, but the tokens table quarantined it
+    out = variant(world, "quarantined", world["features"] + [extra])
+    assert failed(gate(world, out)) == {"features_without_kept_row"}
+
+
+def test_a_row_stored_twice_fails(world):
+    out = variant(world, "twice", world["features"] + [copy.deepcopy(world["features"][2])])
+    assert "row_stored_twice" in failed(gate(world, out))
+
+
 def test_a_shifted_id_fails_the_ids_comparison(world):
     rows = copy.deepcopy(world["features"])
     ids = rows[1].input_ids
