@@ -4,6 +4,7 @@
      "params_section": "tokens",            # gates.<section> of params.yaml (default: name)
      "table": "checks",                     # JSON document artifact: validate the list under it
      "view": "SELECT ... FROM tokens",      # DuckDB SQL over the named inputs (or a list of lines)
+     "compute": "hidden",                   # a registered producer's side tables, for the view (compute.py)
      "expectations": [{"type": "expect_column_values_to_not_be_null",
                        "kwargs": {"column": "prompt_id"}, "meta": {...}}]}
 
@@ -24,7 +25,7 @@ from typing import Any
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SUITES_DIR = "expectations"   # where a suite named on the command line lives, from the working directory
 
-SUITE_KEYS = ("name", "expectations", "table", "view", "params_section", "meta")
+SUITE_KEYS = ("name", "expectations", "table", "view", "params_section", "meta", "compute")
 EXPECTATION_KEYS = ("type", "kwargs", "meta", "description")
 # Kwargs that name the columns an expectation reads.
 COLUMN_KEYS = ("column", "column_A", "column_B", "denominator_column")
@@ -56,6 +57,7 @@ class Suite:
     table: str | None = None
     view: str | None = None
     meta: dict = field(default_factory=dict)
+    compute: str | None = None      # a producer in draftgate/gates/compute.py PRODUCERS
 
 
 # ------------------------------------------------------------ suite
@@ -88,14 +90,17 @@ def parse_suite(doc: Any, path: str = "suite", sha256: str = "") -> Suite:
     view = doc.get("view")
     if isinstance(view, list) and view and all(isinstance(line, str) for line in view):
         view = "\n".join(view)     # a long view reads better as one SQL line per JSON string
-    for key, value in (("table", doc.get("table")), ("view", view), ("params_section", doc.get("params_section"))):
+    for key, value in (("table", doc.get("table")), ("view", view), ("params_section", doc.get("params_section")),
+                       ("compute", doc.get("compute"))):
         if value is not None and not isinstance(value, str):
             raise GateError(f"{path}: \"{key}\" must be a string (the view: or a list of lines), got {value!r}")
+    if doc.get("compute") is not None and not view:
+        raise GateError(f"{path}: \"compute\" needs a \"view\": the computed tables are relations the view reads")
     if not isinstance(doc.get("meta", {}), dict):
         raise GateError(f"{path}: \"meta\" must be a JSON object")
     return Suite(name=name, path=path, sha256=sha256, expectations=tuple(specs),
                  params_section=doc.get("params_section") or name, table=doc.get("table"), view=view,
-                 meta=doc.get("meta", {}))
+                 meta=doc.get("meta", {}), compute=doc.get("compute"))
 
 
 def find_suite(ref: str, suites_dir: str | Path = SUITES_DIR) -> Path:
