@@ -149,3 +149,40 @@ def load(path: str | Path) -> VocabMap:
     v = from_d2t(d2t, meta["target_vocab_size"], meta["data_sha256"], meta.get("selection", ""))
     return VocabMap(draft_ids=v.draft_ids, target_vocab_size=v.target_vocab_size, data_sha256=v.data_sha256,
                     selection=v.selection, seen=meta.get("seen", -1), counted_tokens=meta.get("counted_tokens", -1))
+
+
+def training_rows(tokens_path: str | Path, splits: list[str]) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
+    """Prompt ids and (input_ids, loss_mask) of the kept rows whose split is in `splits`."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(tokens_path, columns=["prompt_id", "split", "quarantine_reason", "input_ids", "loss_mask"])
+    keep = pc.and_(pc.is_null(t.column("quarantine_reason")), pc.is_in(t.column("split"), value_set=_pa_strings(splits)))
+    t = t.filter(keep)
+    ids = t.column("input_ids").to_pylist()
+    masks = t.column("loss_mask").to_pylist()
+    rows = [(np.asarray(i, dtype=np.int64), np.asarray(m, dtype=np.int8)) for i, m in zip(ids, masks)]
+    return t.column("prompt_id").to_pylist(), rows
+
+
+def _pa_strings(values: list[str]):
+    import pyarrow as pa
+
+    return pa.array(list(values), type=pa.string())
+
+
+def vocab_from_tokens(tokens_path: str | Path, splits: list[str], size: int,
+                      vocab_size: int) -> tuple[VocabMap, list[str], np.ndarray]:
+    """The map the training rows of a tokens table give, with its prompt ids and counts."""
+    prompt_ids, rows = training_rows(tokens_path, splits)
+    if not prompt_ids:
+        raise VocabError(f"{tokens_path}: no kept rows in splits {splits}; check drafter.splits")
+    counts = count_tokens(rows, vocab_size)
+    selection = f"kept rows, split in {sorted(splits)}"
+    return build_vocab_map(counts, size, file_sha256(tokens_path), selection), prompt_ids, counts
+
+
+def coverage(vmap: VocabMap, counts: np.ndarray) -> float:
+    """Share of the counted tokens the draft vocabulary holds (the rest it can never propose)."""
+    total = int(counts.sum())
+    return float(counts[vmap.draft_ids].sum() / total) if total else 0.0

@@ -1,0 +1,49 @@
+"""DVC stage: hidden-state features -> draft vocabulary, trained EAGLE-3 drafter, two exports.
+
+Refuses to run unless the hidden-state gate passed. Writes data/drafter/{sglang,speculators}
+(the layouts SGLang and vLLM load), data/drafter/vocab.safetensors (the map and the hash of the
+data it came from), the loss and per-step accuracy curves (DVC plots) and metrics/train.json.
+Under `torchrun --nproc-per-node N -m stages.train ...` it trains data-parallel; rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m stages.train", description=__doc__)
+    p.add_argument("--params", required=True, type=Path)
+    p.add_argument("--hidden", required=True, type=Path, help="the hidden stage's folder (manifest.json)")
+    p.add_argument("--tokens", required=True, type=Path, help="tokens.parquet")
+    p.add_argument("--gate", required=True, type=Path, help="the hidden gate's metric JSON")
+    p.add_argument("--out", required=True, type=Path, help="output folder: sglang/, speculators/, vocab.safetensors")
+    p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint folder (resume)")
+    p.add_argument("--metrics", required=True, type=Path)
+    p.add_argument("--loss-plot", required=True, type=Path)
+    p.add_argument("--acc-plot", required=True, type=Path)
+    p.add_argument("--stop-after", type=int, default=None,
+                   help="leave after N optimizer steps with a checkpoint written (as a crash would)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from draftgate.config import ParamsError, load_params
+    from draftgate.drafter.run import RunError, run
+
+    try:
+        params = load_params(args.params)
+        return run(params, hidden_dir=args.hidden, tokens_path=args.tokens, gate=args.gate, out=args.out,
+                   checkpoint=args.checkpoint, metrics=args.metrics, loss_plot=args.loss_plot,
+                   acc_plot=args.acc_plot, stop_after=args.stop_after)
+    except (ParamsError, RunError) as e:
+        print(f"train: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

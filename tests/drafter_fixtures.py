@@ -1,0 +1,102 @@
+"""Shared by the drafter tests: real SmolLM2 features of a few real token rows, on disk.
+
+A workspace holds what the train stage reads in the pipeline: tokens.parquet (ChatML rows
+tokenised by the real SmolLM2 tokenizer, tests/hidden_fixtures.py), the hidden stage's offline
+shards made by that stage itself from the real target, passed-gate files and a params.yaml with a
+tiny training run (small draft vocabulary, 3 TTT steps, CPU).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from hidden_fixtures import token_rows, write_gate, write_tokens
+
+TINY = {"draft_vocab_size": 96, "ttt_steps": 3, "ttt_decay": 0.8, "epochs": 6, "batch_tokens": 256,
+        "lr": 0.003, "warmup_fraction": 0.0, "checkpoint_every": 2, "device": "cpu",
+        "export_dtype": "float32", "seed": 0}
+
+
+@dataclass
+class Workspace:
+    root: Path
+    tokens: Path
+    hidden: Path
+    gate: Path
+
+    def params(self, name: str = "params.yaml", **drafter) -> Path:
+        path = self.root / name
+        data = {"hidden": {"device": "cpu", "check_served": False, "shard_max_mb": 1.0},
+                "drafter": {**TINY, **drafter}, "gates": {"drafter": {"min_loss_drop": 1.2, "loss_window": 3}}}
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        return path
+
+    def stage_args(self, params: Path, out: Path) -> list[str]:
+        return ["--params", str(params), "--hidden", str(self.hidden), "--tokens", str(self.tokens),
+                "--gate", str(self.gate), "--out", str(out / "drafter"), "--checkpoint", str(out / "ckpt"),
+                "--metrics", str(out / "metrics" / "train.json"), "--loss-plot", str(out / "train_loss.csv"),
+                "--acc-plot", str(out / "train_acc.csv")]
+
+
+def make_workspace(root: Path, n_rows: int = 8) -> Workspace:
+    from draftgate.config import TokenizerParams
+    from draftgate.tokenizers import load_tokenizer
+    from stages.hidden import main as hidden_main
+
+    root.mkdir(parents=True, exist_ok=True)
+    tok = load_tokenizer(TokenizerParams(kind="smollm2"))
+    tokens = write_tokens(root / "tokens.parquet", token_rows(tok, n_rows))
+    ws = Workspace(root, tokens, root / "hidden", write_gate(root / "gate_hidden.json"))
+    params = ws.params("hidden_params.yaml")
+    write_gate(root / "gate_tokens.json")
+    rc = hidden_main(["--params", str(params), "--tokens", str(tokens), "--gate", str(root / "gate_tokens.json"),
+                      "--out", str(ws.hidden), "--metrics", str(root / "hidden_metrics" / "hidden.json")])
+    assert rc == 0, "the hidden stage could not make the fixture's features"
+    return ws
+
+
+def curve(path: Path) -> list[dict]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def metrics(out: Path) -> dict:
+    return json.loads((out / "metrics" / "train.json").read_text())
+
+
+_CACHE: dict = {}
+
+
+def shared_workspace(tmp_path_factory, name: str = "drafter_ws", n_rows: int = 8) -> Workspace:
+    """One workspace per test session and row count: the hidden capture runs once."""
+    key = (name, n_rows)
+    if key not in _CACHE:
+        _CACHE[key] = make_workspace(tmp_path_factory.getbasetemp() / name, n_rows)
+    return _CACHE[key]
+
+
+def shared_target():
+    """The real SmolLM2 target on CPU, loaded once per session."""
+    if "target" not in _CACHE:
+        from draftgate.config import HiddenParams
+        from draftgate.hidden.target import load_target
+
+        _CACHE["target"] = load_target(HiddenParams(device="cpu"), device="cpu")
+    return _CACHE["target"]
+
+
+def train_into(ws: Workspace, out: Path, params: Path, **kw) -> int:
+    """The train stage's work (draftgate/drafter/run.py) with the shared target."""
+    from draftgate.config import load_params
+    from draftgate.drafter.run import run
+
+    a = ws.stage_args(params, out)
+    return run(load_params(params), hidden_dir=ws.hidden, tokens_path=ws.tokens, gate=ws.gate,
+               out=Path(a[a.index("--out") + 1]), checkpoint=out / "ckpt", metrics=out / "metrics" / "train.json",
+               loss_plot=out / "train_loss.csv", acc_plot=out / "train_acc.csv", target=shared_target(), **kw)
