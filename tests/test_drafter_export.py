@@ -1,0 +1,138 @@
+"""Exports: each layout reloads as trained by its engine's naming rules, and the drafter gate
+(recomputed from the files) fails a renamed key, missing aux layer ids or tied embeddings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from drafter_fixtures import shared_workspace, train_into
+from draftgate.drafter import export as ex
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    return shared_workspace(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def trained(ws, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export")
+    assert train_into(ws, out, ws.params(epochs=3)) == 0
+    return out
+
+
+def layers(ws) -> dict:
+    return json.loads((ws.hidden / "manifest.json").read_text())["layers"]
+
+
+@pytest.mark.parametrize("layout,engine", [("sglang", "sglang"), ("speculators", "vllm")])
+def test_each_layout_reloads_as_trained_by_its_engines_rules(trained, ws, layout, engine):
+    from safetensors.torch import load_file
+
+    d = trained / "drafter" / layout
+    assert ex.check_export(d, engine, layers(ws)) == []
+    names = set(load_file(str(d / ex.WEIGHTS)))
+    cfg = json.loads((d / "config.json").read_text())
+    assert names == set(ex.expected_tensors(ex.layer_config(cfg, engine)))
+    model = ex.load_drafter(d)
+    saved = load_file(str(d / ex.WEIGHTS))
+    for k, v in model.trainable_state().items():
+        assert torch.equal(v, saved[k].to(v.dtype)), k
+    other = ex.load_drafter(trained / "drafter" / ("speculators" if layout == "sglang" else "sglang"))
+    s = json.loads((trained / "drafter" / layout / ex.INFO).read_text())
+    assert s["vocab"]["data_sha256"] and s["aux_layers"]["eagle3"] == layers(ws)["eagle3"]
+    ids, aux = torch.arange(100, 140), torch.randn(40, 3, 576)
+    assert model.propose(ids, aux, 4) == other.propose(ids, aux, 4)
+
+
+def test_the_engines_read_the_aux_layer_ids_in_their_own_conventions(trained, ws):
+    sg = json.loads((trained / "drafter" / "sglang" / "config.json").read_text())
+    sp = json.loads((trained / "drafter" / "speculators" / "config.json").read_text())
+    assert sg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]   # SGLang adds 1 itself
+    assert sp["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]                  # vLLM: input of layer i
+    assert sg["tie_word_embeddings"] is False and sp["transformer_layer_config"]["tie_word_embeddings"] is False
+    assert sp["norm_before_residual"] is False
+
+
+def test_sglang_takes_an_optional_model_prefix_and_vllm_does_not():
+    assert ex.sglang_param("model.fc.weight") == "model.fc.weight"
+    assert ex.sglang_param("fc.weight") == "model.fc.weight"
+    assert ex.sglang_param("model.lm_head.weight") is None          # looked up as model.model.lm_head
+    assert ex.sglang_param("midlayer.hidden_layernorm.weight") is None
+    assert ex.vllm_param("midlayer.self_attn.q_proj.weight") == "model.layers.0.self_attn.q_proj.weight"
+    assert ex.vllm_param("d2t") == "draft_id_to_target_id" and ex.vllm_param("t2d") == ""
+    assert ex.vllm_param("model.fc.weight") is None
+
+
+def gate(ws, trained: Path, tmp: Path, sglang: Path | None = None, speculators: Path | None = None) -> tuple[int, dict]:
+    from draftgate.gates.drafter import main as table_main
+    from draftgate.gates.validate import main as validate
+
+    params = ws.params("gate.yaml", epochs=3)
+    table = tmp / "checks.json"
+    assert table_main(["--sglang", str(sglang or trained / "drafter" / "sglang"),
+                       "--speculators", str(speculators or trained / "drafter" / "speculators"),
+                       "--hidden", str(ws.hidden), "--tokens", str(ws.tokens), "--loss", str(trained / "train_loss.csv"),
+                       "--params", str(params), "--out", str(table)]) == 0
+    suite = Path(__file__).resolve().parents[1] / "expectations" / "drafter.json"
+    rc = validate([str(suite), str(table), "--params", str(params), "--no-docs",
+                   "--result", str(tmp / "result.json")])
+    result = json.loads((tmp / "result.json").read_text())
+    failed = {e["kwargs"].get("column", e["type"]) for e in result["expectations"] if not e["success"]}
+    return rc, failed
+
+
+def copy_export(trained: Path, layout: str, tmp: Path) -> Path:
+    d = tmp / layout
+    shutil.copytree(trained / "drafter" / layout, d)
+    return d
+
+
+def test_the_gate_passes_the_trained_exports(ws, trained, tmp_path):
+    assert gate(ws, trained, tmp_path) == (0, set())
+
+
+def test_a_renamed_key_fails_the_gate(ws, trained, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = copy_export(trained, "sglang", tmp_path)
+    t = load_file(str(d / ex.WEIGHTS))
+    t["midlayer.hidden_layernorm.weight"] = t.pop("midlayer.hidden_norm.weight")
+    save_file(t, str(d / ex.WEIGHTS))
+    rc, failed = gate(ws, trained, tmp_path, sglang=d)
+    assert rc == 1 and {"skipped_keys", "missing_keys"} <= failed
+
+
+def test_missing_aux_layer_ids_fail_the_gate(ws, trained, tmp_path):
+    d = copy_export(trained, "speculators", tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["eagle_aux_hidden_state_layer_ids"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    rc, failed = gate(ws, trained, tmp_path, speculators=d)
+    assert rc == 1 and failed == {"aux_layers_match"}
+
+
+def test_tied_embeddings_fail_the_gate(ws, trained, tmp_path):
+    d = copy_export(trained, "sglang", tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True
+    (d / "config.json").write_text(json.dumps(cfg))
+    rc, failed = gate(ws, trained, tmp_path, sglang=d)
+    assert rc == 1 and failed == {"tie_word_embeddings"}
+
+
+def test_a_nan_weight_and_a_foreign_vocabulary_fail_the_gate(ws, trained, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = copy_export(trained, "speculators", tmp_path)
+    t = load_file(str(d / ex.WEIGHTS))
+    t["norm.weight"][3] = float("nan")
+    t["d2t"] = t["d2t"].roll(1)
+    save_file(t, str(d / ex.WEIGHTS))
+    rc, failed = gate(ws, trained, tmp_path, speculators=d)
+    assert rc == 1 and {"nan_tensors", "vocab_map_matches"} <= failed
