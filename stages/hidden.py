@@ -88,7 +88,7 @@ def _offline(args, w, rows, key, fields, hp, target, layers, served, started, hp
     from draftgate.hidden import dist
     from draftgate.hidden.capture import padding_fraction
     from draftgate.hidden.extract import extract
-    from draftgate.hidden.shards import assigned, merge, plan_shards, resume, sidecar
+    from draftgate.hidden.shards import ShardError, assigned, merge, plan_shards, resume, sidecar
 
     out = args.out
     plans = plan_shards(rows.lengths, rows.prompt_ids, target.hidden_size, hp.dtype, hp.shard_max_mb,
@@ -121,7 +121,12 @@ def _offline(args, w, rows, key, fields, hp, target, layers, served, started, hp
         return 1
     code = 0
     if w.rank == 0:
-        manifest = merge(out, plans, rows, key, fields)
+        try:
+            manifest = merge(out, plans, rows, key, fields)
+        except (ShardError, OSError) as e:
+            print(f"hidden: {e}", file=sys.stderr)
+            dist.finish(w)
+            return 1
         code = _metrics(args, w, rows, manifest, plans, resumed, gathered, served, hp_dict, padding_fraction,
                         target, started)
     dist.barrier(w)

@@ -87,7 +87,7 @@ class OfflineFeatures:
         self.layers = tuple(m["layers"]["eagle3"])
         self.dtype = m["dtype"]
         self.verify_hashes = verify_hashes
-        self._shard: tuple[str, dict[str, Any]] | None = None
+        self._shard: tuple[str, dict[str, Any], list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -103,13 +103,15 @@ class OfflineFeatures:
             path = self.directory / name
             if self.verify_hashes and file_sha256(path) != self.records[name]["sha256"]:
                 raise ShardError(f"{path}: sha256 differs from the manifest; rerun the hidden stage")
-            self._shard = (name, load_file(str(path)))
+            tensors = load_file(str(path))
+            self._shard = (name, tensors, tensors["row_offsets"].tolist())
         return self._shard[1]
 
     def __getitem__(self, i: int) -> Sample:
         name, row, offset, length = self._where[i]
         t = self._tensors(name)
-        if int(t["row_offsets"][row]) != offset or int(t["row_offsets"][row + 1]) != offset + length:
+        offsets = self._shard[2]
+        if offsets[row] != offset or offsets[row + 1] != offset + length:
             raise ShardError(f"{self.directory / name}: row {row} is not where the index says; rerun the hidden stage")
         s = slice(offset, offset + length)
         return Sample(self.prompt_ids[i], t["input_ids"][s], t["loss_mask"][s].bool(), t["aux"][s], t["final"][s])
