@@ -38,8 +38,8 @@ class Workspace:
     def stage_args(self, params: Path, out: Path) -> list[str]:
         return ["--params", str(params), "--hidden", str(self.hidden), "--tokens", str(self.tokens),
                 "--gate", str(self.gate), "--out", str(out / "drafter"), "--checkpoint", str(out / "ckpt"),
-                "--metrics", str(out / "metrics" / "train.json"), "--loss-plot", str(out / "train_loss.csv"),
-                "--acc-plot", str(out / "train_acc.csv")]
+                "--metrics", str(out / "metrics" / "train.json"), "--loss-plot", str(out / "train_loss.json"),
+                "--acc-plot", str(out / "train_acc.json")]
 
 
 def make_workspace(root: Path, n_rows: int = 8) -> Workspace:
@@ -60,10 +60,7 @@ def make_workspace(root: Path, n_rows: int = 8) -> Workspace:
 
 
 def curve(path: Path) -> list[dict]:
-    import csv
-
-    with open(path, newline="", encoding="utf-8") as f:
-        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    return [{k: float(v) for k, v in r.items()} for r in json.loads(path.read_text())]
 
 
 def metrics(out: Path) -> dict:
@@ -99,4 +96,4 @@ def train_into(ws: Workspace, out: Path, params: Path, **kw) -> int:
     a = ws.stage_args(params, out)
     return run(load_params(params), hidden_dir=ws.hidden, tokens_path=ws.tokens, gate=ws.gate,
                out=Path(a[a.index("--out") + 1]), checkpoint=out / "ckpt", metrics=out / "metrics" / "train.json",
-               loss_plot=out / "train_loss.csv", acc_plot=out / "train_acc.csv", target=shared_target(), **kw)
+               loss_plot=out / "train_loss.json", acc_plot=out / "train_acc.json", target=shared_target(), **kw)

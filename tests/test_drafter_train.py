@@ -27,23 +27,23 @@ def trained(ws, tmp_path_factory):
 
 
 def test_training_on_real_features_lowers_the_loss(trained):
-    rows = curve(trained / "train_loss.csv")
+    rows = curve(trained / "train_loss.json")
     first = sum(r["loss"] for r in rows[:3]) / 3
     last = sum(r["loss"] for r in rows[-3:]) / 3
     assert last < first / 1.2, (first, last)
     m = metrics(trained)
     assert m["steps"] == len(rows) and m["loss_drop"] > 1.2
-    acc = curve(trained / "train_acc.csv")
+    acc = curve(trained / "train_acc.json")
     assert acc[-1]["acc_0"] > acc[0]["acc_0"]
     assert not (trained / "ckpt").exists()          # a finished, exported run leaves no checkpoint
 
 
 def test_the_loss_is_the_steps_losses_weighted_by_the_configured_decay(trained, ws, tmp_path):
-    for row in curve(trained / "train_loss.csv"):
+    for row in curve(trained / "train_loss.json"):
         assert row["loss"] == pytest.approx(sum(0.8 ** i * row[f"loss_{i}"] for i in range(3)), rel=1e-4)
     out = tmp_path / "decay"
     assert train_into(ws, out, ws.params("p_decay.yaml", ttt_decay=0.5, epochs=1)) == 0
-    for row in curve(out / "train_loss.csv"):
+    for row in curve(out / "train_loss.json"):
         assert row["loss"] == pytest.approx(row["loss_0"] + 0.5 * row["loss_1"] + 0.25 * row["loss_2"], rel=1e-4)
 
 
@@ -53,7 +53,7 @@ def test_a_resumed_run_continues_the_same_curve(ws, trained, tmp_path):
     assert train_into(ws, out, params, stop_after=5) == 0
     assert (out / "ckpt" / "state.pt").is_file() and not (out / "drafter").exists()
     assert train_into(ws, out, params) == 0
-    resumed, straight = curve(out / "train_loss.csv"), curve(trained / "train_loss.csv")
+    resumed, straight = curve(out / "train_loss.json"), curve(trained / "train_loss.json")
     assert len(resumed) == len(straight)
     for a, b in zip(resumed, straight):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
@@ -112,6 +112,6 @@ def test_two_torchrun_processes_on_gloo_train_data_parallel(ws, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     m = metrics(out)
     assert m["world_size"] == 2
-    rows = curve(out / "train_loss.csv")
+    rows = curve(out / "train_loss.json")
     assert len(rows) == m["steps"] and rows[-1]["loss"] < rows[0]["loss"]
     assert check_export(out / "drafter" / "speculators", "vllm") == []

@@ -153,6 +153,9 @@ def run(params: Params, *, hidden_dir: Path, tokens_path: Path, gate: Path, out:
     ex.export_sglang(model, out / "sglang", **kw)
     ex.export_speculators(model, out / "speculators", **kw)
     tr.write_curve(result.rows, loss_plot, acc_plot, cfg.ttt_steps)
+    # The curve also travels with the artifact (DVC-cached, versioned with the weights): the
+    # drafter gate reads it from there; plots/ is for display.
+    shutil.copyfile(loss_plot, out / "loss_curve.json")
     _write_metrics(metrics, params, s, result, cfg, vc.coverage(s.vmap, s.counts), len(rows))
     # The run is complete and exported: its checkpoint only served a crash, and left behind it
     # would make the next run on changed data refuse to start.

@@ -440,30 +440,23 @@ def check_in_sync(checksum: float) -> None:
         raise TrainError(f"ranks ended with different weights (checksums {values}); gradient averaging failed")
 
 
-def write_curve(rows: list[dict], loss_csv: Path, acc_csv: Path, steps: int) -> None:
-    """DVC plots: the loss (total and per TTT step) and the per-step accuracy, one row per step."""
-    import csv
-    import io
+def write_curve(rows: list[dict], loss_path: Path, acc_path: Path, steps: int) -> None:
+    """DVC plots, one row per optimizer step: the loss (total and per TTT step) and the per-step
+    accuracy. JSON arrays of objects: DVC plots them like CSV, and the drafter gate reads the
+    curve as a table (gates read Parquet, JSONL and JSON)."""
+    from draftgate.io import write_json
 
-    from draftgate.io import write_text
+    def table(fields: list[str]) -> list[dict]:
+        return [{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in fields} for r in rows]
 
-    def table(fields: list[str]) -> str:
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in fields})
-        return buf.getvalue()
-
-    write_text(loss_csv, table(["step", "epoch", "lr", "loss"] + [f"loss_{i}" for i in range(steps)]))
-    write_text(acc_csv, table(["step"] + [f"acc_{i}" for i in range(steps)]))
+    write_json(loss_path, table(["step", "epoch", "lr", "loss"] + [f"loss_{i}" for i in range(steps)]))
+    write_json(acc_path, table(["step"] + [f"acc_{i}" for i in range(steps)]))
 
 
 def read_loss_curve(path: Path) -> list[float]:
-    import csv
+    import json
 
-    with open(path, newline="", encoding="utf-8") as f:
-        return [float(r["loss"]) for r in csv.DictReader(f)]
+    return [float(r["loss"]) for r in json.loads(Path(path).read_text(encoding="utf-8"))]
 
 
 def loss_drop(losses: Sequence[float], window: int) -> float:

@@ -24,6 +24,7 @@ from draftgate.gates.suite import GateError
 PRODUCERS = {
     "hidden": "draftgate.gates.hidden:compute",
     "eval": "draftgate.gates.eval:compute",
+    "drafter": "draftgate.gates.drafter:compute",
 }
 
 

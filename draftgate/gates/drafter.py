@@ -1,23 +1,20 @@
-"""The drafter gate's table, recomputed from the exported files (docs/drafter.md, "Gate").
+"""The drafter gate's producer: a table recomputed from the exported files (docs/drafter.md, "Gate").
 
-    python -m draftgate.gates.drafter --sglang data/drafter/sglang --speculators data/drafter/speculators \
-        --hidden data/hidden --tokens data/tokens/tokens.parquet --loss plots/train_loss.csv \
-        --params params.yaml --out data/gates/drafter.checks.json
+    draftgate validate expectations/drafter.json data/drafter/sglang/config.json
+        --input speculators=data/drafter/speculators/config.json --input hidden=data/hidden
+        --input tokens=data/tokens/tokens.parquet --input loss=data/drafter/loss_curve.json ...
 
-One row per export layout: the problems each engine would have loading it (by that engine's
-naming rules, from the safetensors header and config.json), NaN tensors, the aux layer ids
-against the hidden stage's manifest, `tie_word_embeddings`, the vocabulary map rebuilt from
-tokens.parquet (drafter.splits, drafter.draft_vocab_size) against the exported `d2t` and the
-recorded data hash against the file's, and the loss drop read from the loss curve. Nothing the
-train stage wrote about itself is trusted; `draftgate validate expectations/drafter.json` then
-runs GX over the table.
+One row per export layout (the folder of each config.json): the problems each engine would have
+loading it (by that engine's naming rules, from the safetensors header and config.json), NaN
+tensors, the aux layer ids against the hidden stage's manifest, `tie_word_embeddings`, the
+vocabulary map rebuilt from tokens.parquet (drafter.splits, drafter.draft_vocab_size) against the
+exported `d2t` and the recorded data hash against the file's, and the loss drop read from the
+loss curve. Nothing the train stage wrote about itself is trusted; the suite's expectations judge.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -106,27 +103,28 @@ def build_table(sglang: Path, speculators: Path, hidden: Path, tokens: Path, los
     return {"layouts": rows, "hidden_layers": layers, "loss_curve": str(loss)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m draftgate.gates.drafter", description=__doc__.splitlines()[0])
-    p.add_argument("--sglang", required=True, type=Path)
-    p.add_argument("--speculators", required=True, type=Path)
-    p.add_argument("--hidden", required=True, type=Path, help="the hidden stage's folder (manifest.json)")
-    p.add_argument("--tokens", required=True, type=Path)
-    p.add_argument("--loss", required=True, type=Path, help="the loss curve CSV")
-    p.add_argument("--params", required=True, type=Path)
-    p.add_argument("--out", required=True, type=Path)
-    args = p.parse_args(argv)
+def compute(inputs: dict[str, str], params_path: str):
+    """Producer `drafter` (draftgate/gates/compute.py): the table `drafter_layouts`."""
+    import pyarrow as pa
+
     from draftgate.config import ParamsError
-    from draftgate.io import write_json
+    from draftgate.gates.compute import Computed
+    from draftgate.gates.suite import GateError
 
+    need = ("drafter", "speculators", "hidden", "tokens", "loss")
+    missing = [n for n in need if n not in inputs]
+    if missing:
+        raise GateError("the drafter gate reads the SGLang export's config.json (the artifact) and --input "
+                        "speculators=<speculators export>/config.json, hidden=data/hidden, tokens=<tokens.parquet>, "
+                        f"loss=<loss curve JSON>; missing: {', '.join(missing)}")
+    hidden = Path(inputs["hidden"])
+    hidden = hidden if hidden.is_dir() else hidden.parent
     try:
-        table = build_table(args.sglang, args.speculators, args.hidden, args.tokens, args.loss, args.params)
+        table = build_table(Path(inputs["drafter"]).parent, Path(inputs["speculators"]).parent, hidden,
+                            Path(inputs["tokens"]), Path(inputs["loss"]), Path(params_path))
     except (ParamsError, OSError, ValueError, KeyError) as e:
-        print(f"gate drafter: no table ({type(e).__name__}: {e}); rerun the train and hidden stages", file=sys.stderr)
-        return 2
-    write_json(args.out, table)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        raise GateError(f"drafter gate: {type(e).__name__}: {e}; rerun the train and hidden stages") from None
+    rows = table["layouts"]
+    return Computed(tables={"drafter_layouts": pa.Table.from_pylist(rows)},
+                    report={"hidden_layers": table["hidden_layers"],
+                            "problems": {r["layout"]: r["problems"] for r in rows}})
