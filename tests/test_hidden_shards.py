@@ -50,8 +50,11 @@ def clean(work):
 
 def test_one_index_line_per_kept_row_in_table_order_and_none_for_the_quarantined(work, clean, smollm2_tok):
     features = OfflineFeatures(clean, work / "tokens.parquet", verify_hashes=True)
-    kept = [r["prompt_id"] for r in token_rows(smollm2_tok, 10)]
-    assert features.prompt_ids == kept
+    kept = token_rows(smollm2_tok, 10)
+    assert features.prompt_ids == [r["prompt_id"] for r in kept]
+    for r in kept:     # the ids and mask of the source rows, read past the quarantined one
+        s = features.get(r["prompt_id"])
+        assert s.input_ids.tolist() == r["input_ids"] and s.loss_mask.int().tolist() == r["loss_mask"]
     manifest = json.loads((clean / "manifest.json").read_text())
     assert manifest["rows"] == 10 and sum(s["rows"] for s in manifest["shards"]) == 10
     assert len(manifest["shards"]) > 2                   # bounded: 1 MB shards hold ~2 rows

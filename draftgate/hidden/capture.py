@@ -34,12 +34,11 @@ def resolve_layers(layers: Sequence[int] | None, num_layers: int) -> tuple[int, 
 
 def layer_names(layers: Sequence[int], num_layers: int) -> dict[str, list[int]]:
     """The same three tensors in each convention (the manifest's `layers`)."""
-    ids = [int(i) for i in layers]
+    ids = list(resolve_layers(layers, num_layers))
     return {
         "eagle3": ids,                              # 0-based decoder-layer outputs (SpecForge, ModelOpt)
         "hf_hidden_states": [i + 1 for i in ids],   # index into HF output_hidden_states (0 = embeddings)
         "sglang_vllm": [i + 1 for i in ids],        # captured at the input of the next layer
-        "num_hidden_layers": [num_layers],
     }
 
 

@@ -69,7 +69,8 @@ def read_token_rows(path: Path) -> TokenRows:
         pids.extend(kept.column("prompt_id").to_pylist())
         for col, out, dtype in (("input_ids", ids, np.int64), ("loss_mask", masks, np.uint8)):
             arr = kept.column(col)
-            flat = arr.values.to_numpy(zero_copy_only=False).astype(dtype)
+            # flatten() honours a sliced array's offset (.values would not); offsets stay absolute.
+            flat = arr.flatten().to_numpy(zero_copy_only=False).astype(dtype)
             offs = arr.offsets.to_numpy()
             out.extend(flat[offs[i] - offs[0]:offs[i + 1] - offs[0]] for i in range(len(arr)))
     if len(set(pids)) != len(pids):
