@@ -91,9 +91,9 @@ def evaluate(params, args) -> dict:
     replayed: dict[str, float] = {}     # n-gram sweep: acceptance length replayed over verified ids
     drafter = None
 
-    def timed(proposer_name: str, setting: str, numbers: dict, proposer, aux_layers=None) -> Run:
+    def timed(proposer_name: str, setting: str, numbers: dict, make, aux_layers=None) -> Run:
         t0 = time.perf_counter()
-        outs = decode_all(model, dev, prompts, proposer, ep.k, ep.max_new_tokens, end_ids, aux_layers)
+        outs = decode_all(model, dev, prompts, make, ep.k, ep.max_new_tokens, end_ids, aux_layers, ep.batch_size)
         run = Run(proposer_name, setting, outs, numbers)
         tokens = sum(len(d.ids) for d in outs)
         steps = sum(len(d.emitted) for d in outs)
@@ -106,13 +106,13 @@ def evaluate(params, args) -> dict:
     for name in ep.proposers:
         if name == "eagle3":
             drafter = load_eagle3(args.drafter, target)
-            timed("eagle3", "eagle3", k, Eagle3Proposer(drafter), drafter.config.aux_layers)
+            timed("eagle3", "eagle3", k, lambda: Eagle3Proposer(drafter), drafter.config.aux_layers)
         elif name == "ngram":
             # vLLM's default setting decoded for real; the sweep replayed over its verified ids (exact:
             # the output is the target's greedy ids whatever the proposer, ngram.replay); the best
             # setting, when not the default, decoded for real too, so both reported figures are measured.
             lo, hi = ep.ngram_min, ep.ngram_max
-            default = timed("ngram", f"ngram_{lo}_{hi}", {**k, "n_min": lo, "n_max": hi}, NgramProposer(lo, hi))
+            default = timed("ngram", f"ngram_{lo}_{hi}", {**k, "n_min": lo, "n_max": hi}, lambda: NgramProposer(lo, hi))
             for a, b in dict.fromkeys(tuple(p) for p in [(lo, hi)] + ep.ngram_sweep):
                 replayed[f"ngram_{a}_{b}"] = stats.acceptance_length([
                     stats.PromptSteps(*ngram.replay(pr.prompt, d.ids, ep.k, a, b))
@@ -120,11 +120,11 @@ def evaluate(params, args) -> dict:
             best = max(replayed, key=lambda s: (replayed[s], s == default.setting))
             if best != default.setting:
                 a, b = (int(x) for x in best.split("_")[1:])
-                timed("ngram", best, {**k, "n_min": a, "n_max": b}, NgramProposer(a, b))
+                timed("ngram", best, {**k, "n_min": a, "n_max": b}, lambda: NgramProposer(a, b))
         elif name == "oracle":
-            timed("oracle", "oracle", k, OracleProposer(model, dev))
+            timed("oracle", "oracle", k, lambda: OracleProposer(model, dev))
         elif name == "random":
-            timed("random", "random", k, RandomProposer(target.vocab_size, ep.seed))
+            timed("random", "random", k, lambda: RandomProposer(target.vocab_size, ep.seed))
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_parquet(args.out / "outputs.parquet", outputs_table(prompts, runs))

@@ -129,3 +129,43 @@ def test_an_acceptance_floor_above_the_drafters_length_fails_the_gate(staged):
     floor = checks["drafter_acceptance_length"]
     assert not floor["success"] and 1.0 <= floor["observed_value"] < 3.0
     assert checks["diverges_from_greedy"]["success"]
+
+
+def test_a_divergence_to_the_runner_up_within_the_tolerance_is_counted_not_failed(staged, smollm2_tok):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftgate.config import HiddenParams
+    from draftgate.evaluate.loop import greedy_decode
+    from draftgate.evaluate.run import heldout_rows
+    from draftgate.hidden.target import load_target
+
+    schema = pq.read_schema(staged / "out" / "outputs.parquet")
+    rows = pq.read_table(staged / "out" / "outputs.parquet").to_pylist()
+    victim = next(r for r in rows if r["setting"] == "ngram_5_5" and len(r["output_ids"]) > 4)
+    prompt = next(h.prompt for h in heldout_rows(staged / "tokens.parquet") if h.prompt_id == victim["prompt_id"])
+    g = greedy_decode(load_target(HiddenParams(device="cpu")).model, "cpu", prompt, EVAL["max_new_tokens"],
+                      frozenset())
+    from draftgate.serve.model import resolve_end_ids
+
+    end = resolve_end_ids(smollm2_tok.hf)
+    at = next(i for i in range(2, len(victim["output_ids"]) - 1) if g.top2[i][2] not in end)
+    victim["output_ids"][at] = g.top2[at][2]             # the target's second choice there
+    bad = staged / "runner_up.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), bad)
+
+    def params(tolerance: float, allowed: int) -> Path:
+        path = staged / f"tie-{allowed}.yaml"
+        path.write_text(yaml.safe_dump({"hidden": {"device": "cpu"}, "eval": EVAL, "gates": {"eval": {
+            "min_acceptance_length": 1.0, "tie_tolerance": tolerance, "max_tie_divergences": allowed}}}))
+        return path
+
+    # A tolerance wider than any logit gap makes the swap a tie: counted, and over a bound of 0.
+    rc, checks = gate(staged, bad, params(1e6, 0))
+    assert rc == 1 and checks["diverges_from_greedy"]["success"]
+    assert checks["tie_divergences"]["observed_value"] == 1 and not checks["tie_divergences"]["success"]
+    rc, checks = gate(staged, bad, params(1e6, 1))
+    assert rc == 0
+    # With no tolerance the same swap is a failure.
+    rc, checks = gate(staged, bad, params(0.0, 1))
+    assert rc == 1 and not checks["diverges_from_greedy"]["success"]

@@ -149,3 +149,24 @@ def test_replaying_the_ngram_rule_over_verified_ids_gives_the_real_steps(target,
         drafted, accepted, emitted = replay(p, d.ids, K, 1, 3)
         assert (drafted, emitted) == (d.drafted, d.emitted)
         assert accepted[:-1] == d.accepted[:-1]       # past the stop a real target may agree further
+
+
+@pytest.fixture(scope="module")
+def three(smollm2_tok):
+    return [chat_prompt(smollm2_tok, t) for t in PROMPTS]          # different lengths: left padding
+
+
+@pytest.mark.parametrize("name", ["oracle", "ngram", "eagle3_untrained"])
+def test_prompts_decoded_together_give_each_prompts_greedy_output(name, target, three, end_ids):
+    from draftgate.evaluate.loop import greedy_decode, greedy_decode_batch, speculative_decode_batch
+
+    alone = [greedy_decode(target.model, "cpu", p, NEW, end_ids) for p in three]
+    together = greedy_decode_batch(target.model, "cpu", three, NEW, end_ids)
+    assert [g.ids for g in together] == [g.ids for g in alone]
+    layers = proposer(name, target)[1]
+    runs = speculative_decode_batch(target.model, "cpu", three, [proposer(name, target)[0] for _ in three],
+                                    K, NEW, end_ids, layers)
+    assert [d.ids for d in runs] == [g.ids for g in alone]
+    assert all(1 + sum(d.emitted) == len(d.ids) for d in runs)
+    if name == "oracle":
+        assert all(d.accepted[:-1] == [K] * (len(d.accepted) - 1) for d in runs)

@@ -203,3 +203,171 @@ def teacher_forced_logits(model: Any, device: str, prompt: Sequence[int], output
     with torch.inference_mode(), Session(model, device) as s:
         logits, _ = s.forward(list(prompt) + list(output)[:-1])
     return logits[len(prompt) - 1:]
+
+
+# ---------------------------------------------------------------- batched: many prompts per forward
+
+class BatchSession:
+    """Rows decoded together over one KV cache; a 2-D mask says which cached slots each row sees.
+
+    Prompts are left-padded; each verify step appends the same number of slots to every row
+    (pending token, its drafts, padding), and the slots of rejected or padded drafts are masked
+    out instead of cut (rows accept different counts). Positions (RoPE) are per row and count
+    only the slots a row sees, so each row computes what it would alone; the logits differ from
+    a one-row run in the last bits only (docs/evaluation.md).
+    """
+
+    def __init__(self, model: Any, device: str, aux_layers: Sequence[int] | None = None):
+        from transformers.cache_utils import DynamicCache
+
+        self.model, self.device = model, device
+        self.cache = DynamicCache(config=model.config)
+        self.mask = None                      # LongTensor [B, slots]
+        self._captured: dict[int, Any] = {}
+        self._hooks = []
+        self.aux_layers = tuple(aux_layers or ())
+        layers = decoder_layers(model)
+        for i in self.aux_layers:
+            if not 0 <= i < len(layers):
+                raise ValueError(f"aux layer {i} outside the target's {len(layers)} decoder layers")
+            self._hooks.append(layers[i].register_forward_hook(self._hook(i)))
+
+    _hook = Session._hook
+    close = Session.close
+    __enter__ = Session.__enter__
+    __exit__ = Session.__exit__
+
+    def forward(self, ids: Any, valid: Any, positions: Any, last_only: bool = False) -> tuple[Any, Any]:
+        """ids/valid/positions [B, M]: (float32 logits [B, M or 1, V], aux [B, M, L, H] or None)."""
+        import torch
+
+        self.mask = valid.long() if self.mask is None else torch.cat([self.mask, valid.long()], dim=1)
+        self._captured.clear()
+        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions, cache=self.cache,
+                         use_cache=True, logits_to_keep=1 if last_only else 0)
+        aux = None
+        if self.aux_layers:
+            aux = torch.stack([self._captured[i] for i in self.aux_layers], dim=2).float()
+        return out.logits.float(), aux
+
+    def hide(self, row: int, start: int) -> None:
+        """Mask the slots of `row` from `start` on (rejected drafts stay cached but unseen)."""
+        self.mask[row, start:] = 0
+
+    def keep_rows(self, index: list[int]) -> None:
+        import torch
+
+        sel = torch.tensor(index, dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(sel)
+        self.mask = self.mask[sel]
+
+
+def _prefill(s: BatchSession, prompts: Sequence[Sequence[int]]) -> tuple[Any, Any, list[int]]:
+    """Left-padded prompts in one forward: (last logits [B, V], aux [B, W, L, H] or None, pad per row)."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    pads = [width - len(p) for p in prompts]
+    # Padding slots are masked out; they repeat the row's first id (no token id literal needed).
+    ids = torch.tensor([[p[0]] * pad + list(p) for p, pad in zip(prompts, pads)], dtype=torch.long, device=s.device)
+    valid = torch.arange(width, device=s.device)[None, :] >= torch.tensor(pads, device=s.device)[:, None]
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    logits, aux = s.forward(ids, valid, positions, last_only=True)
+    return logits[:, -1], aux, pads
+
+
+def speculative_decode_batch(model: Any, device: str, prompts: Sequence[Sequence[int]],
+                             proposers: Sequence[Proposer], k: int, max_new_tokens: int,
+                             end_ids: frozenset[int], aux_layers: Sequence[int] | None = None) -> list[Decoded]:
+    """`speculative_decode` for many prompts at once (one proposer object per prompt)."""
+    import torch
+
+    if not prompts or len(prompts) != len(proposers) or any(not p for p in prompts):
+        raise ValueError("need one proposer per prompt and no empty prompt")
+    started = time.perf_counter()
+    for prompt, proposer in zip(prompts, proposers):
+        proposer.start(prompt)
+    needs_aux = any(p.needs_aux for p in proposers)
+    results: list[Decoded] = []
+    with torch.inference_mode(), BatchSession(model, device, aux_layers if needs_aux else None) as s:
+        logits, aux, pads = _prefill(s, prompts)
+        first = logits.argmax(-1).tolist()
+        results = [Decoded(ids=[t], finish="length") for t in first]
+        feats = [[aux[r, pads[r]:]] if aux is not None else [] for r in range(len(prompts))]
+        live = [r for r in range(len(prompts)) if first[r] not in end_ids and max_new_tokens > 1]
+        if len(live) < len(prompts):
+            s.keep_rows(live) if live else None
+        while live:
+            drafts = []
+            for r in live:
+                ids = list(prompts[r]) + results[r].ids
+                context = torch.cat(feats[r]) if feats[r] else None
+                drafts.append([int(t) for t in proposers[r].propose(ids, context, k)][:k])
+            width = 1 + max(len(d) for d in drafts)
+            base = s.mask.shape[1]
+            seen = s.mask.sum(-1)                        # slots each row sees = its next position
+            rows = [[results[r].ids[-1]] + d + [results[r].ids[-1]] * (width - 1 - len(d))
+                    for r, d in zip(live, drafts)]
+            ids = torch.tensor(rows, dtype=torch.long, device=device)
+            valid = torch.arange(width, device=device)[None, :] <= torch.tensor(
+                [len(d) for d in drafts], device=device)[:, None]
+            positions = seen[:, None] + torch.arange(width, device=device)[None, :]
+            logits, aux = s.forward(ids, valid, positions)
+            choice = logits.argmax(-1).tolist()        # choice[i][j]: row i's token after d1..dj
+            keep = []
+            for i, r in enumerate(live):
+                draft, res = drafts[i], results[r]
+                accepted = 0
+                while accepted < len(draft) and draft[accepted] == choice[i][accepted]:
+                    accepted += 1
+                s.hide(i, base + 1 + accepted)           # pending + accepted drafts stay visible
+                if aux is not None:
+                    feats[r].append(aux[i, :1 + accepted])
+                kept, stopped = _stop_cut(draft[:accepted] + [choice[i][accepted]],
+                                          max_new_tokens - len(res.ids), end_ids)
+                res.ids.extend(kept)
+                res.drafted.append(len(draft))
+                res.accepted.append(accepted)
+                res.emitted.append(len(kept))
+                if not stopped and len(res.ids) < max_new_tokens:
+                    keep.append(i)
+            if len(keep) < len(live):
+                if keep:
+                    s.keep_rows(keep)
+                live = [live[i] for i in keep]
+    for res in results:
+        res.finish = "stop" if res.ids[-1] in end_ids else "length"
+        res.seconds = time.perf_counter() - started
+    return results
+
+
+def greedy_decode_batch(model: Any, device: str, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                        end_ids: frozenset[int]) -> list[Greedy]:
+    """`greedy_decode` for many prompts at once: one token per row per forward."""
+    import torch
+
+    started = time.perf_counter()
+    outs: list[list[int]] = [[] for _ in prompts]
+    top2: list[list[tuple[int, float, int, float]]] = [[] for _ in prompts]
+    with torch.inference_mode(), BatchSession(model, device) as s:
+        logits, _, _ = _prefill(s, prompts)
+        live = list(range(len(prompts)))
+        while True:
+            values, ids = logits.topk(2, dim=-1)
+            keep = []
+            for i, r in enumerate(live):
+                top2[r].append((int(ids[i, 0]), float(values[i, 0]), int(ids[i, 1]), float(values[i, 1])))
+                outs[r].append(int(ids[i, 0]))
+                if outs[r][-1] not in end_ids and len(outs[r]) < max_new_tokens:
+                    keep.append(i)
+            if not keep:
+                break
+            if len(keep) < len(live):
+                s.keep_rows(keep)
+                live = [live[i] for i in keep]
+            seen = s.mask.sum(-1)
+            nxt = torch.tensor([[outs[r][-1]] for r in live], dtype=torch.long, device=device)
+            logits, _ = s.forward(nxt, torch.ones_like(nxt, dtype=torch.bool), seen[:, None], last_only=True)
+            logits = logits[:, -1]
+    seconds = time.perf_counter() - started
+    return [Greedy(o, "stop" if o[-1] in end_ids else "length", t, seconds) for o, t in zip(outs, top2)]

@@ -11,10 +11,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from draftgate.evaluate import stats
-from draftgate.evaluate.loop import Decoded, speculative_decode
+from draftgate.evaluate.loop import Decoded, Greedy, greedy_decode_batch, speculative_decode_batch
 
 
 class EvalError(ValueError):
@@ -101,10 +101,24 @@ def end_ids_by_name(params: Any) -> frozenset[int]:
     return frozenset([tid])
 
 
-def decode_all(model: Any, device: str, prompts: Sequence[HeldOut], proposer: Any, k: int,
-               max_new_tokens: int, end_ids: frozenset[int], aux_layers: Sequence[int] | None = None) -> list[Decoded]:
-    return [speculative_decode(model, device, p.prompt, proposer, k, max_new_tokens, end_ids, aux_layers)
-            for p in prompts]
+def decode_all(model: Any, device: str, prompts: Sequence[HeldOut], make_proposer: Callable[[], Any], k: int,
+               max_new_tokens: int, end_ids: frozenset[int], aux_layers: Sequence[int] | None = None,
+               batch_size: int = 16) -> list[Decoded]:
+    """Every prompt, `batch_size` rows per forward, one proposer object per prompt."""
+    out: list[Decoded] = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        out += speculative_decode_batch(model, device, [p.prompt for p in chunk], [make_proposer() for _ in chunk],
+                                        k, max_new_tokens, end_ids, aux_layers)
+    return out
+
+
+def greedy_all(model: Any, device: str, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+               end_ids: frozenset[int], batch_size: int = 16) -> list[Greedy]:
+    out: list[Greedy] = []
+    for i in range(0, len(prompts), batch_size):
+        out += greedy_decode_batch(model, device, prompts[i:i + batch_size], max_new_tokens, end_ids)
+    return out
 
 
 def summarise(run: Run, k: int, samples: int, seed: int) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 `compute(inputs, params_path)` (registered in compute.py as "eval") reads the eval stage's
 outputs (artifact `eval`: data/eval/outputs.parquet) and the tokens table (the held-out prompts,
 cut from input_ids by loss_mask here, never taken from the outputs), resolves the template's end
-token by name from the tokenizer itself (not from the contract file the stage read), loads the target named by params.yaml `hidden:` and runs PLAIN greedy decoding for every
-held-out prompt the outputs name: one token per forward, with max_new_tokens from `eval:`.
+token by name from the tokenizer itself (not from the contract file the stage read), loads the
+target named by params.yaml `hidden:` and runs PLAIN greedy decoding for every held-out prompt
+the outputs name: one token per row per forward (eval.batch_size rows together),
+with max_new_tokens from `eval:`.
 
     eval_checks   one per outputs row: the output against the gate's greedy ids; at the first
                   divergence, the target's top two logits there (a divergence is a tie when the
@@ -30,7 +32,7 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
     import pyarrow as pa
 
     from draftgate.config import ParamsError, load_params
-    from draftgate.evaluate.run import EvalError, end_ids_by_name, heldout_rows
+    from draftgate.evaluate.run import EvalError, end_ids_by_name, greedy_all, heldout_rows
 
     try:
         params = load_params(params_path)
@@ -52,10 +54,10 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
     from draftgate.hidden.target import load_target
 
     target = load_target(params.hidden, ep.device)
-    greedy = {}
-    for pid in dict.fromkeys(r["prompt_id"] for r in outputs):
-        if pid in prompts:
-            greedy[pid] = _greedy(target, prompts[pid].prompt, ep.max_new_tokens, end_ids)
+    named = [pid for pid in dict.fromkeys(r["prompt_id"] for r in outputs) if pid in prompts]
+    runs = greedy_all(target.model, target.device, [prompts[p].prompt for p in named], ep.max_new_tokens,
+                      end_ids, ep.batch_size)
+    greedy = dict(zip(named, runs))
     rows = [check_row(r, prompts.get(r["prompt_id"]), greedy.get(r["prompt_id"]), target, ep.k,
                       ep.max_new_tokens, end_ids, gp.tie_tolerance) for r in outputs]
     facts = [{"expected_prompts": expected, "k": ep.k, "max_new_tokens": ep.max_new_tokens,
@@ -92,12 +94,6 @@ def read_outputs(path: str) -> list[dict]:
     except Exception as e:  # pyarrow's own error types
         raise GateError(f"{p}: unreadable or missing columns {cols} ({type(e).__name__}: {e}); "
                         "rerun the eval stage") from None
-
-
-def _greedy(target: Any, prompt: list[int], max_new_tokens: int, end_ids: frozenset[int]) -> Any:
-    from draftgate.evaluate.loop import greedy_decode
-
-    return greedy_decode(target.model, target.device, prompt, max_new_tokens, end_ids)
 
 
 def check_row(r: dict, held: Any, greedy: Any, target: Any, k: int, max_new_tokens: int,
