@@ -27,10 +27,11 @@ class Workspace:
     tokens: Path
     hidden: Path
     gate: Path
+    mode: str = "offline"
 
     def params(self, name: str = "params.yaml", **drafter) -> Path:
         path = self.root / name
-        data = {"hidden": {"device": "cpu", "check_served": False, "shard_max_mb": 1.0},
+        data = {"hidden": {"device": "cpu", "check_served": False, "shard_max_mb": 1.0, "mode": self.mode},
                 "drafter": {**TINY, **drafter}, "gates": {"drafter": {"min_loss_drop": 1.2, "loss_window": 3}}}
         path.write_text(yaml.safe_dump(data), encoding="utf-8")
         return path
@@ -42,7 +43,7 @@ class Workspace:
                 "--acc-plot", str(out / "train_acc.json")]
 
 
-def make_workspace(root: Path, n_rows: int = 8) -> Workspace:
+def make_workspace(root: Path, n_rows: int = 8, mode: str = "offline") -> Workspace:
     from draftgate.config import TokenizerParams
     from draftgate.tokenizers import load_tokenizer
     from stages.hidden import main as hidden_main
@@ -50,7 +51,7 @@ def make_workspace(root: Path, n_rows: int = 8) -> Workspace:
     root.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(TokenizerParams(kind="smollm2"))
     tokens = write_tokens(root / "tokens.parquet", token_rows(tok, n_rows))
-    ws = Workspace(root, tokens, root / "hidden", write_gate(root / "gate_hidden.json"))
+    ws = Workspace(root, tokens, root / "hidden", write_gate(root / "gate_hidden.json"), mode)
     params = ws.params("hidden_params.yaml")
     write_gate(root / "gate_tokens.json")
     rc = hidden_main(["--params", str(params), "--tokens", str(tokens), "--gate", str(root / "gate_tokens.json"),
@@ -70,11 +71,11 @@ def metrics(out: Path) -> dict:
 _CACHE: dict = {}
 
 
-def shared_workspace(tmp_path_factory, name: str = "drafter_ws", n_rows: int = 8) -> Workspace:
-    """One workspace per test session and row count: the hidden capture runs once."""
-    key = (name, n_rows)
+def shared_workspace(tmp_path_factory, name: str = "drafter_ws", n_rows: int = 8, mode: str = "offline") -> Workspace:
+    """One workspace per test session, row count and mode: the hidden stage runs once."""
+    key = (name, n_rows, mode)
     if key not in _CACHE:
-        _CACHE[key] = make_workspace(tmp_path_factory.getbasetemp() / name, n_rows)
+        _CACHE[key] = make_workspace(tmp_path_factory.getbasetemp() / name, n_rows, mode)
     return _CACHE[key]
 
 

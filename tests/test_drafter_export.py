@@ -38,7 +38,7 @@ def test_each_layout_reloads_as_trained_by_its_engines_rules(trained, ws, layout
     assert ex.check_export(d, engine, layers(ws)) == []
     names = set(load_file(str(d / ex.WEIGHTS)))
     cfg = json.loads((d / "config.json").read_text())
-    assert names == set(ex.expected_tensors(ex.layer_config(cfg, engine)))
+    assert names == set(ex.expected_tensors(ex.layer_config(cfg, engine))) - {"embed_tokens.weight"}
     model = ex.load_drafter(d)
     saved = load_file(str(d / ex.WEIGHTS))
     for k, v in model.trainable_state().items():

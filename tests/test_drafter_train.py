@@ -47,6 +47,17 @@ def test_the_loss_is_the_steps_losses_weighted_by_the_configured_decay(trained, 
         assert row["loss"] == pytest.approx(row["loss_0"] + 0.5 * row["loss_1"] + 0.25 * row["loss_2"], rel=1e-4)
 
 
+def test_online_features_train_the_same_as_offline_shards(trained, tmp_path_factory, tmp_path):
+    online = shared_workspace(tmp_path_factory, "drafter_ws_online", mode="online")
+    assert not list(online.hidden.glob("shard-*"))             # online: manifest and index only
+    out = tmp_path / "online"
+    assert train_into(online, out, online.params()) == 0
+    a, b = curve(out / "train_loss.json"), curve(trained / "train_loss.json")
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-3)
+
+
 def test_a_resumed_run_continues_the_same_curve(ws, trained, tmp_path):
     out = tmp_path / "resumed"
     params = ws.params()

@@ -77,6 +77,7 @@ def expected_tensors(c: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]
         "lm_head.weight": ((vd, h), f),
         "d2t": ((vd,), "int64"),
         "t2d": ((v,), "bool"),
+        "embed_tokens.weight": ((v, h), f),   # optional: both engines otherwise share the target's
     }
 
 
@@ -311,7 +312,9 @@ def check_export(export_dir: str | Path, engine: Engine, expected_layers: dict[s
             problems.append(Problem("shape", name, f"{name}: shape {meta.get('shape')}, {engine} builds {list(shape)}"))
         if _DTYPE_KIND.get(meta.get("dtype")) != kind:
             problems.append(Problem("dtype", name, f"{name}: dtype {meta.get('dtype')}, expected {kind}"))
-    optional = {"t2d"}    # both engines drop t2d by name; it stays for trainers that read it
+    # Both engines drop t2d by name (it stays for trainers that read it) and take the target's
+    # embedding when the file has none.
+    optional = {"t2d", "embed_tokens.weight"}
     for canon in expected:
         if canon not in found and canon not in optional:
             problems.append(Problem("missing_key", canon, f"{canon} is missing: {engine} would leave that "
