@@ -96,25 +96,28 @@ class OfflineFeatures:
         """Positions in storage order: iterating them loads each shard once."""
         return sorted(range(len(self)), key=lambda i: (self._where[i][0], self._where[i][2]))
 
-    def _tensors(self, name: str) -> dict[str, Any]:
+    def _load(self, name: str) -> tuple[str, dict[str, Any], list[int]]:
         from safetensors.torch import load_file
 
-        if self._shard is None or self._shard[0] != name:
-            path = self.directory / name
-            if self.verify_hashes and file_sha256(path) != self.records[name]["sha256"]:
-                raise ShardError(f"{path}: sha256 differs from the manifest; rerun the hidden stage")
-            tensors = load_file(str(path))
-            self._shard = (name, tensors, tensors["row_offsets"].tolist())
-        return self._shard[1]
+        path = self.directory / name
+        if self.verify_hashes and file_sha256(path) != self.records[name]["sha256"]:
+            raise ShardError(f"{path}: sha256 differs from the manifest; rerun the hidden stage")
+        tensors = load_file(str(path))
+        tensors["loss_mask"] = tensors["loss_mask"].bool()     # once a shard, not once a row
+        self._shard = (name, tensors, tensors["row_offsets"].tolist())
+        return self._shard
 
     def __getitem__(self, i: int) -> Sample:
         name, row, offset, length = self._where[i]
-        t = self._tensors(name)
-        offsets = self._shard[2]
+        shard = self._shard
+        if shard is None or shard[0] != name:
+            shard = self._load(name)
+        t, offsets = shard[1], shard[2]
         if offsets[row] != offset or offsets[row + 1] != offset + length:
             raise ShardError(f"{self.directory / name}: row {row} is not where the index says; rerun the hidden stage")
-        s = slice(offset, offset + length)
-        return Sample(self.prompt_ids[i], t["input_ids"][s], t["loss_mask"][s].bool(), t["aux"][s], t["final"][s])
+        end = offset + length
+        return Sample(self.prompt_ids[i], t["input_ids"][offset:end], t["loss_mask"][offset:end],
+                      t["aux"][offset:end], t["final"][offset:end])
 
     def get(self, prompt_id: str) -> Sample:
         return self[self._pos[prompt_id]]
