@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def batches():
         nonlocal kept, n_tokens
-        for b in pq.ParquetFile(out).iter_batches(batch_size=65_536, columns=REPORT_COLUMNS + ["n_completion"]):
+        for b in pq.ParquetFile(out, pre_buffer=False).iter_batches(batch_size=65_536,
+                                                                  columns=REPORT_COLUMNS + ["n_completion"]):
             kept += b.column("quarantine_reason").null_count
             n_tokens += int(pc.sum(b.column("n_completion")).as_py() or 0)
             yield b

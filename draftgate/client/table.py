@@ -129,7 +129,9 @@ class PromptFile:
 
         n = len(self)
         i = 0
-        for b in pq.ParquetFile(self.path).iter_batches(batch_size=self.batch, columns=["prompt_id", "dataset"]):
+        # No pre-buffering: it keeps what it read, so memory would grow with the file.
+        reader = pq.ParquetFile(self.path, pre_buffer=False)
+        for b in reader.iter_batches(batch_size=self.batch, columns=["prompt_id", "dataset"]):
             for pid, dataset in zip(b.column(0).to_pylist(), b.column(1).to_pylist()):
                 if i >= n:
                     return
@@ -143,7 +145,7 @@ class PromptFile:
 
         n = len(self)
         i = 0
-        for b in pq.ParquetFile(self.path).iter_batches(batch_size=self.batch,
+        for b in pq.ParquetFile(self.path, pre_buffer=False).iter_batches(batch_size=self.batch,
                                                          columns=["prompt_id", "dataset", "messages", "tools"]):
             for row in b.to_pylist():
                 if i >= n:

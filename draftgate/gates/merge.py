@@ -8,8 +8,9 @@ is validated exactly as before; otherwise each expectation's batch results merge
   the unexpected sample is the first ones in table order, percentages and the `mostly` verdict are
   recomputed with GX's own formulas (great_expectations/expectations/expectation.py:
   `_format_map_output`, `_mostly_success`, and the not-null special case);
-- uniqueness looks across rows, so a batch cannot judge it: DuckDB counts the rows whose value
-  occurs more than once in the whole table and takes the first of them (`Duplicates`);
+- uniqueness looks across rows, so a batch cannot judge it: the values' 64-bit hashes, taken as
+  the batches go by (8 bytes a row), count the rows whose value occurs more than once in the
+  whole table, and their first values are read back (`Duplicates`, table.Loaded.duplicates);
 - aggregates: row count (sum), column max / min, the table's columns (the same in every batch),
   our value fraction (hits = fraction x batch rows, summed) and sum ratio (sums carried in the
   result's details).

@@ -82,7 +82,7 @@ def register_input(con, inp: Input, files: list[Path], table_key: str | None) ->
             # structs, e.g. `SELECT roles.end_id FROM contract`.
             # The reader's buffer is sized by maximum_object_size (twice it): the file's own size,
             # not a fixed 256 MB that DuckDB's memory limit (DUCKDB_MEMORY) would refuse.
-            size = max(files[0].stat().st_size + 1, 16 << 20)
+            size = max(files[0].stat().st_size + 1, 1 << 20)
             con.execute(f"CREATE VIEW {_ident(inp.name)} AS SELECT * FROM read_json({listing}, "
                         f"format='unstructured', maximum_object_size={size})")
         elif suffix == ".json":
@@ -129,10 +129,14 @@ def json_table(inp: Input, path: Path, table_key: str | None):
 # Rows GX validates at a time (merge.py merges the batches' results). A tokens view row is ~0.3 KB
 # in pandas, a prompts row with its messages ~0.5 KB: a batch stays in the tens of MB whatever the
 # table's size (docs/great-expectations.md, "Gates in bounded memory").
-BATCH_ROWS = 65_536
-# DuckDB's own memory for a view's joins, windows and group-bys; beyond it DuckDB spills to a
-# temporary directory rather than grow with the table.
-DUCKDB_MEMORY = "256MB"
+BATCH_ROWS = 32_768
+# DuckDB's own memory for a view's joins, windows and group-bys (a view that aggregates over all
+# rows and joins the figures back, as the tokens suite's does, holds its rows before the first one
+# comes out): beyond it DuckDB spills to a temporary directory rather than grow with the table. An
+# operator that cannot spill and needs more makes the query retry with 4x the limit (DuckSource),
+# so the cap costs memory, never a verdict.
+DUCKDB_MEMORY_MB = 256
+DUCKDB_RETRIES = 3
 
 
 @dataclass
@@ -145,11 +149,14 @@ class Loaded:
     order: list[str]               # the frame's columns (loaded ones, or every name as placeholders)
     rows: int = 0                  # counted as the batches go by
     batch_rows: list[int] = field(default_factory=list)
+    value_hashes: dict[str, list] = field(default_factory=dict)   # column -> [(hashes, non-null)] per batch
 
-    def batches(self, size: int | None = None) -> Iterator[Any]:
+    def batches(self, size: int | None = None, unique: tuple[str, ...] = ()) -> Iterator[Any]:
         """pandas frames of `size` rows (the last one shorter; one empty frame for an empty table),
-        in table order. `size` None: the whole table as one frame."""
+        in table order. `size` None: the whole table as one frame. `unique`: columns whose values
+        are hashed as they go by (8 bytes a row), for `duplicates` across batches."""
         self.rows, self.batch_rows = 0, []
+        self.value_hashes: dict[str, list] = {c: [] for c in unique}
         for arrow in _rechunk(self.source.arrow_batches(self.loaded), size):
             if arrow is None:    # no column read: frames of placeholders, as many rows as the table
                 total = self.source.count()
@@ -161,14 +168,55 @@ class Loaded:
                 return
             self.rows += arrow.num_rows
             self.batch_rows.append(arrow.num_rows)
-            yield to_frame(arrow, arrow.num_rows, self.order)
+            frame = to_frame(arrow, arrow.num_rows, self.order)
+            for c, parts in self.value_hashes.items():
+                if c in frame.columns:
+                    parts.append(_value_hashes(frame[c]))
+            yield frame
 
     def duplicates(self, column: str, sample: int):
-        """merge.Duplicates of `column` over the whole table (a uniqueness check across batches)."""
-        return self.source.duplicates(column, sample)
+        """merge.Duplicates of `column` over the whole table (a uniqueness check across batches).
+
+        GX's rule: every row whose non-null value occurs more than once. The rows are found by the
+        values' 64-bit hashes taken in `batches` (a collision can only add a row, never hide a
+        duplicate: a pass is exact); the sample's values are read back in a second pass over that
+        one column, only when there is a duplicate.
+        """
+        import numpy as np
+
+        from draftgate.gates.merge import Duplicates
+
+        parts = self.value_hashes.get(column) or []
+        if not parts:
+            return Duplicates(count=0, sample=[])
+        hashes = np.concatenate([h for h, _ in parts])
+        present = np.concatenate([m for _, m in parts])
+        _, inverse, counts = np.unique(hashes[present], return_inverse=True, return_counts=True)
+        repeated = counts[inverse] > 1
+        count = int(repeated.sum())
+        if not count:
+            return Duplicates(count=0, sample=[])
+        wanted = np.flatnonzero(present)[repeated][:sample].tolist()
+        values, start = [], 0
+        for arrow in _rechunk(self.source.arrow_batches([column]), BATCH_ROWS):
+            end = start + arrow.num_rows
+            col = to_frame(arrow, arrow.num_rows, [column])[column]
+            values += [col.iloc[i - start] for i in wanted if start <= i < end]
+            start = end
+            if start > wanted[-1]:
+                break
+        return Duplicates(count=count, sample=values)
 
     def close(self) -> None:
         self.source.close()
+
+
+def _value_hashes(series: Any) -> tuple[Any, Any]:
+    """(64-bit hash of each value, whether it is non-null): equal values hash equal."""
+    import pandas as pd
+
+    present = series.notna().to_numpy()
+    return pd.util.hash_pandas_object(series, index=False).to_numpy(), present
 
 
 def fingerprints(loaded: Loaded) -> Future:
@@ -238,22 +286,6 @@ class Source:
     def count(self) -> int:
         raise NotImplementedError
 
-    def duplicates(self, column: str, sample: int):
-        """Non-null values of `column` that occur more than once: how many rows hold one, and the
-        first `sample` of those rows' values in table order (GX's rule for uniqueness)."""
-        from draftgate.gates.merge import Duplicates
-
-        con, source = self.relation()
-        col = _ident(column)
-        dup = (f"SELECT {col} FROM {source} AS t WHERE {col} IS NOT NULL AND {col} IN "
-               f"(SELECT {col} FROM {source} AS u WHERE {col} IS NOT NULL GROUP BY {col} HAVING count(*) > 1)")
-        n = con.execute(f"SELECT count(*) FROM ({dup})").fetchall()[0][0]
-        values = [r[0] for r in con.execute(f"{dup} LIMIT {int(sample)}").fetchall()] if n else []
-        return Duplicates(count=int(n), sample=values)
-
-    def relation(self) -> tuple[Any, str]:
-        raise NotImplementedError
-
     def close(self) -> None:
         pass
 
@@ -266,7 +298,7 @@ def _duck(tmp: list) -> Any:
 
     con = duckdb.connect()
     tmp.append(tempfile.mkdtemp(prefix="draftgate-gate-"))
-    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_MB}MB'")
     con.execute(f"SET temp_directory = {_sql_str(tmp[-1])}")
     return con
 
@@ -279,10 +311,9 @@ class ParquetSource(Source):
         import pyarrow.parquet as pq
 
         self.inp, self.files = inp, files
-        self.con = None
-        self.tmp: list[str] = []
         try:
-            self.readers = [pq.ParquetFile(f) for f in files]
+            # No pre-buffering: it keeps what it read, so memory would grow with the file.
+            self.readers = [pq.ParquetFile(f, pre_buffer=False) for f in files]
             self.columns = list(self.readers[0].schema_arrow.names)
         except (pa.ArrowException, OSError) as e:
             raise GateError(f"input {inp.name!r}: {inp.path}: unreadable as parquet: {_one_line(e)}; "
@@ -306,15 +337,6 @@ class ParquetSource(Source):
         except (pa.ArrowException, OSError) as e:
             raise GateError(f"input {self.inp.name!r}: {self.inp.path}: unreadable as parquet: {_one_line(e)}; "
                             "regenerate the file with the stage that writes it") from None
-
-    def relation(self) -> tuple[Any, str]:
-        if self.con is None:
-            self.con = _duck(self.tmp)
-        listing = "[" + ", ".join(_sql_str(str(f)) for f in self.files) + "]"
-        return self.con, f"read_parquet({listing})"
-
-    def close(self) -> None:
-        _close(self.con, self.tmp)
 
 
 class DuckSource(Source):
@@ -354,16 +376,27 @@ class DuckSource(Source):
         if not keep:
             yield None
             return
+        query = f"SELECT {', '.join(map(_ident, keep))} FROM {self.source} AS t"
+        limit = DUCKDB_MEMORY_MB
         try:
-            reader = self.con.sql(f"SELECT {', '.join(map(_ident, keep))} FROM {self.source} AS t") \
-                .to_arrow_reader(BATCH_ROWS)
+            for attempt in range(DUCKDB_RETRIES + 1):
+                try:   # the view's pipeline breakers run before the first batch comes out
+                    reader = self.con.sql(query).to_arrow_reader(BATCH_ROWS)
+                    first = [reader.read_next_batch()]
+                except StopIteration:
+                    first = []
+                except duckdb.OutOfMemoryException:
+                    if attempt == DUCKDB_RETRIES:
+                        raise
+                    limit *= 4
+                    self.con.execute(f"SET memory_limit = '{limit}MB'")
+                    continue
+                break
+            yield from first
             yield from reader
             yield pa.RecordBatch.from_pylist([], schema=reader.schema)   # see ParquetSource
         except duckdb.Error as e:
             raise GateError(f"{self.where}: reading the table failed: {_one_line(e)}") from None
-
-    def relation(self) -> tuple[Any, str]:
-        return self.con, self.source
 
     def close(self) -> None:
         _close(self.con, self.tmp)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftgate.gates.docs import KEEP_RUNS
+from draftgate.gates.merge import UNIQUE
 from draftgate.gates.result import expectation_entry, failure_line, metric, short
 from draftgate.gates.suite import (
     SUITES_DIR,
@@ -78,15 +79,9 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
         section, where = gate_section(params_path, suite.params_section)
     suite, used = resolve_parameters(suite, section, where)
     timings["params_s"] = lap()
-    computed = None
-    if suite.compute:   # side tables from the raw artifacts (a forward pass, logits): compute.py
-        from draftgate.gates.compute import run_producer
-
-        computed, _ = run_producer(suite.compute, {i.name: i.path for i in inputs}, params_path)
-        timings["compute_s"] = lap("compute_cpu_s")
     wanted, all_names = columns_read(suite)
     loaded = load_table(inputs, table_key=suite.table, view=suite.view, wanted=wanted, all_names=all_names,
-                        where=suite.path, computed=computed.tables if computed else None)
+                        where=suite.path)
     timings["load_s"] = lap("load_cpu_s")
     hashing = fingerprints(loaded)
     from draftgate.gates import gx as gx_run  # Great Expectations itself: ~3 s
@@ -105,7 +100,9 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
     # suite with one that does not is validated whole.
     size = batch_rows if gx_run.batchable(expectations) else None
     try:
-        run = gx_run.validate(gx_run.make_context(docs), suite.name, expectations, loaded.batches(size),
+        unique = tuple(dict.fromkeys(s.kwargs["column"] for s in suite.expectations
+                                     if s.type == UNIQUE and isinstance(s.kwargs.get("column"), str)))
+        run = gx_run.validate(gx_run.make_context(docs), suite.name, expectations, loaded.batches(size, unique),
                               asset=inputs[0].name, docs=docs, result_format=RESULT_FORMAT, meta=suite.meta,
                               keep=keep_runs, rows=lambda: loaded.batch_rows, duplicates=loaded.duplicates)
     finally:
@@ -138,8 +135,6 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
         "expectations": entries,
         "docs": str(docs / "index.html") if docs else None,
     }
-    if computed is not None:
-        result["computed"] = {"producer": suite.compute, "report": computed.report}
     timings["result_s"] = lap()
     return GateRun(result=result, timings=timings, page=run.page, remote=run.remote)
 

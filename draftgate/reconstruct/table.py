@@ -56,7 +56,7 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
     from draftgate.io import atomic_path
 
     with _collector_paused():
-        source = pq.ParquetFile(responses_path)
+        source = pq.ParquetFile(responses_path, pre_buffer=False)   # pre-buffering holds what it read (~170 B a row)
         lookup = PromptsInStep(prompts_path)
         first = _FirstPass(setup, lookup, _LazyIndex(setup))
         part = Path(out_path).with_name(f".{Path(out_path).name}.part")
@@ -89,7 +89,7 @@ class PromptsInStep:
     def __init__(self, prompts_path: Path, responses: Any = None):
         import pyarrow.parquet as pq
 
-        self._file = pq.ParquetFile(prompts_path)
+        self._file = pq.ParquetFile(prompts_path, pre_buffer=False)   # see reconstruct_files
         self._batches = self._file.iter_batches(batch_size=4096, columns=PROMPT_COLUMNS)
         self._rows: dict[str, dict] = {}
         self._pos: dict[str, int] = {}       # row number in prompts.parquet of each held row
