@@ -83,3 +83,33 @@ def test_the_journal_index_picks_the_same_line_as_the_table_rule_and_sums_the_sp
         (True, True, False, False)
     assert index.spent_usd == 3.25 and index.records == len(scan.records) == 5
     assert (index.bad_lines, index.torn_tail) == (scan.bad_lines, scan.torn_tail) == ([6], True)
+
+
+def test_a_batch_lookup_applies_the_table_rule_to_every_prompt_at_once(tmp_path):
+    import random
+
+    import numpy as np
+
+    from draftgate.client.journal import digest64, hash64, hash64_array
+
+    rng = random.Random(7)
+    hashes = ["%064x" % rng.getrandbits(256) for _ in range(3)]
+    lines = [{"prompt_id": f"p{rng.randrange(40)}", "request_hash": rng.choice(hashes),
+              "status": rng.choice(["ok", "failed"]), "failure_kind": rng.choice(["permanent", "exhausted"]),
+              "n": i} for i in range(300)]
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b"".join(encode_line(r) for r in lines))
+    index = JournalIndex.scan(path)
+    current = {f"p{i}": rng.choice(hashes) for i in range(45)}     # p40..p44: never asked
+    chosen = latest(read_journal(path).records, current)
+
+    pids = list(current)
+    at = index.lookup([digest64(p) for p in pids], hash64_array(b"".join(bytes.fromhex(current[p]) for p in pids)))
+    assert at.tolist() == index.lookup([digest64(p) for p in pids], [hash64(current[p]) for p in pids]).tolist()
+    with open(path, "rb") as f:
+        got = {p: JournalIndex.read(f, w) for p, w in zip(pids, index.where(at)) if w}
+    assert got == chosen and len(got) > 20
+    done = index.is_done(at)
+    assert [bool(d) for d in done] == [p in chosen and (chosen[p]["status"] == "ok" or chosen[p]["failure_kind"] ==
+                                                        "permanent") for p in pids]
+    assert isinstance(done, np.ndarray)
