@@ -6,7 +6,9 @@
 The same target (params.yaml `hidden:`), the same held-out prompts (data/tokens/tokens.parquet)
 and the same KV-cached loop code for every method: plain greedy (one token per forward), n-gram at
 vLLM's 5..5 and at the sweep's settings, and the EAGLE-3 drafter when an export exists. Each
-method decodes every prompt; wall and process CPU seconds are both recorded, with the load
+method decodes every prompt, first one prompt at a time ("alone": the latency case speculative
+decoding is for) then all prompts in one batch ("batched": what the eval stage does); wall and
+process CPU seconds are both recorded, with the load
 average before and after, because this machine is shared (wall time under contention overstates
 every method alike, CPU time is steadier). Also measured: the cost of one verify forward over
 k + 1 positions relative to a one-token forward, which bounds what acceptance length can buy on a
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from draftgate.config import load_params
-    from draftgate.evaluate.loop import greedy_decode, speculative_decode
+    from draftgate.evaluate.loop import (
+        greedy_decode, greedy_decode_batch, speculative_decode, speculative_decode_batch)
     from draftgate.evaluate.proposers import Eagle3Proposer, NgramProposer
     from draftgate.evaluate.run import end_ids_from_contract, heldout_rows, load_eagle3
     from draftgate.evaluate.stats import PromptSteps, acceptance_length
@@ -84,44 +87,48 @@ def main(argv: list[str] | None = None) -> int:
     model, dev = target.model, target.device
     load_before = os.getloadavg()
 
+    # (name, a factory of one proposer per prompt or None for plain greedy, aux layers)
     methods: list[tuple[str, object, object]] = [("greedy", None, None)]
     pairs = [(params.eval.ngram_min, params.eval.ngram_max)] + [tuple(p) for p in params.eval.ngram_sweep]
     for lo, hi in dict.fromkeys(pairs):
-        methods.append((f"ngram_{lo}_{hi}", NgramProposer(lo, hi), None))
+        methods.append((f"ngram_{lo}_{hi}", lambda lo=lo, hi=hi: NgramProposer(lo, hi), None))
     drafter_note = None
     if (Path(args.drafter) / "draftgate.json").is_file():
         drafter = load_eagle3(args.drafter, target)
-        methods.append(("eagle3", Eagle3Proposer(drafter), drafter.config.aux_layers))
+        methods.append(("eagle3", lambda: Eagle3Proposer(drafter), drafter.config.aux_layers))
     else:
         drafter_note = f"{args.drafter}: no export; run `dvc repro train` to include the drafter"
 
     # Warm-up (allocator, kernels) on one prompt, not timed.
     greedy_decode(model, dev, rows[0].prompt, 8, end_ids)
+    prompts = [r.prompt for r in rows]
     results: dict[str, dict] = {}
-    reference: dict[str, list[int]] = {}
-    for name, proposer, layers in methods:
-        (w0, c0) = clock()
-        tokens, steps, lossless = 0, [], True
-        for r in rows:
-            if proposer is None:
-                g = greedy_decode(model, dev, r.prompt, args.new, end_ids)
-                reference[r.prompt_id] = g.ids
-                tokens += len(g.ids)
+    for mode in ("alone", "batched"):
+        reference: list[list[int]] = []
+        for name, make, layers in methods:
+            (w0, c0) = clock()
+            if mode == "alone" and make is None:
+                outs = [greedy_decode(model, dev, p, args.new, end_ids) for p in prompts]
+            elif mode == "alone":
+                outs = [speculative_decode(model, dev, p, make(), k, args.new, end_ids, layers) for p in prompts]
+            elif make is None:
+                outs = greedy_decode_batch(model, dev, prompts, args.new, end_ids)
             else:
-                d = speculative_decode(model, dev, r.prompt, proposer, k, args.new, end_ids, layers)
-                tokens += len(d.ids)
-                steps.append(PromptSteps(d.drafted, d.accepted, d.emitted))
-                lossless &= d.ids == reference[r.prompt_id]
-        (w1, c1) = clock()
-        results[name] = {"wall_s": w1 - w0, "cpu_s": c1 - c0, "tokens": tokens,
-                         "tokens_per_s": tokens / (w1 - w0)}
-        if steps:
-            results[name]["acceptance_length"] = acceptance_length(steps)
-            results[name]["same_ids_as_greedy"] = lossless
-        print(f"{name:<12} {tokens} tokens in {w1 - w0:6.1f} s wall, {c1 - c0:6.1f} s CPU"
-              + (f", acceptance length {results[name]['acceptance_length']:.2f}" if steps else ""), flush=True)
-    base = results["greedy"]
-    for name, r in results.items():
+                outs = speculative_decode_batch(model, dev, prompts, [make() for _ in prompts], k, args.new,
+                                                end_ids, layers)
+            (w1, c1) = clock()
+            tokens = sum(len(o.ids) for o in outs)
+            r = {"wall_s": w1 - w0, "cpu_s": c1 - c0, "tokens": tokens, "tokens_per_s": tokens / (w1 - w0)}
+            if make is None:
+                reference = [o.ids for o in outs]
+            else:
+                r["acceptance_length"] = acceptance_length([PromptSteps(o.drafted, o.accepted, o.emitted) for o in outs])
+                r["same_ids_as_greedy"] = [o.ids for o in outs] == reference
+            results[f"{mode}/{name}"] = r
+            print(f"{mode:<8} {name:<12} {tokens} tokens in {w1 - w0:6.1f} s wall, {c1 - c0:6.1f} s CPU"
+                  + (f", acceptance length {r['acceptance_length']:.2f}" if make else ""), flush=True)
+    for key, r in results.items():
+        base = results[key.split("/")[0] + "/greedy"]
         r["speedup_wall"] = base["wall_s"] / r["wall_s"]
         r["speedup_cpu"] = base["cpu_s"] / r["cpu_s"]
     cost = forward_cost(model, dev, rows[0].prompt, k)
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"verify forward over {k + 1} tokens = {cost['verify_over_one_token']:.2f}x a one-token forward; "
           f"load average {load_before[0]:.1f} -> {out['load_average_after']:.1f}; wrote {args.out}")
     for name, r in results.items():
-        print(f"  {name:<12} speedup {r['speedup_wall']:.2f}x wall, {r['speedup_cpu']:.2f}x CPU")
+        print(f"  {name:<20} speedup {r['speedup_wall']:.2f}x wall, {r['speedup_cpu']:.2f}x CPU")
     return 0
 
 
