@@ -268,3 +268,30 @@ def test_the_server_tokenises_digits_one_by_one_as_the_real_smollm2_does(lm):
     # model's real pre-tokenizer, or its truth ids disagree with everything downstream.
     ids = lm.tokenizer.encode("in  2024", add_special_tokens=False)
     assert [lm.tokenizer.decode([i]) for i in ids][-4:] == ["2", "0", "2", "4"]
+
+
+def test_a_server_whose_stage_was_killed_stops_by_itself():
+    """kill -9 of the stage runs no cleanup; the server notices it was orphaned and exits, rather
+    than holding the CPU for the rest of the machine's life."""
+    import subprocess
+    import sys
+    import time
+
+    stage = subprocess.Popen(
+        [sys.executable, "-c", "import time\nfrom draftgate.serve.local import running\n"
+                               "with running() as url:\n    print(url, flush=True)\n    time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        url = stage.stdout.readline().strip()
+        assert httpx.get(f"{url}/models", timeout=10).status_code == 200
+    finally:
+        stage.kill()
+        stage.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/models", timeout=1)
+        except httpx.TransportError:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the server at {url} still answers 20 s after its stage was killed")

@@ -467,6 +467,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--max-batch", type=int)
     parser.add_argument("--batch-wait-ms", type=int)
+    parser.add_argument("--parent-pid", type=int,
+                        help="exit when this process is gone (the stage that started the server was killed)")
     return parser.parse_args(argv)
 
 
@@ -505,11 +507,14 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, ValueError, OSError) as e:
         print(f"draftgate serve: cannot load the model: {e}", file=sys.stderr)
         return 1
-    asyncio.run(_serve(lm, params, sock))
-    return 0
+    asyncio.run(_serve(lm, params, sock, args.parent_pid))
+    # A batch may still be generating in the executor thread; its answers have no one to go to
+    # (the client journals only what it received), so exit now instead of joining the thread.
+    sys.stdout.flush()
+    os._exit(0)
 
 
-async def _serve(lm: LocalModel, params: ServeParams, sock: socket.socket) -> None:
+async def _serve(lm: LocalModel, params: ServeParams, sock: socket.socket, parent_pid: int | None = None) -> None:
     runner = web.AppRunner(build_app(lm, params), access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock).start()
@@ -519,8 +524,24 @@ async def _serve(lm: LocalModel, params: ServeParams, sock: socket.socket) -> No
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    if parent_pid is not None:
+        asyncio.get_running_loop().create_task(_stop_when_orphaned(parent_pid, stop))
     await stop.wait()
-    await runner.cleanup()
+    try:   # bounded: an in-flight generation does not hold the shutdown
+        await asyncio.wait_for(runner.cleanup(), timeout=2.0)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def _stop_when_orphaned(parent_pid: int, stop: asyncio.Event, every_s: float = 0.5) -> None:
+    """A stage killed with SIGKILL runs no cleanup; its server must not outlive it and hold the CPU.
+    Orphaned, a process is re-parented, so its parent pid changes."""
+    while not stop.is_set():
+        if os.getppid() != parent_pid:
+            print(f"draftgate serve: parent process {parent_pid} is gone; stopping", file=sys.stderr, flush=True)
+            stop.set()
+            return
+        await asyncio.sleep(every_s)
 
 
 def _url_host(host: str) -> str:
@@ -535,7 +556,8 @@ def running(serve_params: ServeParams | None = None, host: str = "127.0.0.1",
     """Run `draftgate serve` in a subprocess on a free port; yield its base URL (".../v1")."""
     params = serve_params or ServeParams()
     cmd = [sys.executable, "-m", "draftgate", "serve", "--host", host, "--port", "0", "--device", params.device,
-           "--max-batch", str(params.max_batch), "--batch-wait-ms", str(params.batch_wait_ms)]
+           "--max-batch", str(params.max_batch), "--batch-wait-ms", str(params.batch_wait_ms),
+           "--parent-pid", str(os.getpid())]
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
