@@ -170,3 +170,24 @@ def test_prompts_decoded_together_give_each_prompts_greedy_output(name, target, 
     assert all(1 + sum(d.emitted) == len(d.ids) for d in runs)
     if name == "oracle":
         assert all(d.accepted[:-1] == [K] * (len(d.accepted) - 1) for d in runs)
+
+
+def test_the_cached_eagle3_proposer_drafts_what_the_drafters_own_propose_drafts(target, three, end_ids):
+    from draftgate.evaluate.loop import speculative_decode_batch
+    from draftgate.evaluate.proposers import Eagle3Proposer
+
+    drafter = random_drafter(target, seed=3)
+    calls = []
+
+    class Both(Eagle3Proposer):
+        def propose(self, ids, aux, k):
+            cached = super().propose(ids, aux, k)
+            self.cached = False
+            plain = super().propose(ids, aux, k)
+            self.cached = True
+            calls.append(cached == plain)
+            return cached
+
+    speculative_decode_batch(target.model, "cpu", three, [Both(drafter) for _ in three], K, NEW, end_ids,
+                             drafter.config.aux_layers)
+    assert len(calls) > 10 and all(calls)
