@@ -220,17 +220,45 @@ class TokensGateParams:
 
 @dataclass(frozen=True)
 class HiddenGateParams:
-    pass
+    # "Features explain the tokens" (docs/hidden-gate.md): share of completion positions whose
+    # next token is the target's argmax (greedy rows) / within its top_k (sampled rows), logits
+    # taken from the stored final state through the target's own norm and LM head.
+    min_greedy_explained: Fraction = 0.95
+    min_sampled_explained: Fraction = 0.9
+    # The same share for each row with 16+ completion tokens (another row's features under its ids).
+    min_row_explained: Fraction = 0.5
+    top_k: Annotated[int, Range(ge=1, le=1000)] = 20
+    # greedy | sampled per row: "generate" takes the temperature generate's request bodies carry
+    # (generate.temperature, or extra_body's); the others declare it (imported data).
+    sampling: Literal["generate", "greedy", "sampled"] = "generate"
+    # Rows re-extracted by the gate's own forward pass and compared with the stored features.
+    resample_rows: Positive = 8
+    resample_seed: Seed = 0
+    # Relative L2 error allowed per row and layer slot: tolerance_eps x the stored dtype's machine
+    # epsilon (bfloat16 2^-7, float32 2^-23), and never below min_tolerance (compute noise).
+    tolerance_eps: Annotated[float, Range(gt=0.0)] = 1.0
+    min_tolerance: Annotated[float, Range(gt=0.0, lt=1.0)] = 1e-3
+    # Shard bytes per token over (3 + 1) x H x itemsize + 9 (ids int64, mask uint8).
+    max_bytes_overhead: Fraction = 0.02
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 @dataclass(frozen=True)
 class DrafterGateParams:
-    pass
+    # The loss curve's first `loss_window` steps average at least min_loss_drop x its last ones.
+    min_loss_drop: Annotated[float, Range(ge=1.0)] = 1.25
+    loss_window: Positive = 10
 
 
 @dataclass(frozen=True)
 class EvalGateParams:
-    pass
+    # A speculative output may leave plain greedy decoding only where the target's top two logits
+    # are this close (a verify forward over k+1 positions rounds differently from a one-token
+    # step; docs/evaluation.md): such divergences are counted, any other fails the gate.
+    tie_tolerance: Annotated[float, Range(ge=0.0)] = 1e-3
+    max_tie_divergences: Count = 2
+    # The drafter's acceptance length (tokens per target forward, bonus included) must reach this.
+    min_acceptance_length: Annotated[float, Range(ge=1.0)] = 1.05
 
 
 @dataclass(frozen=True)
@@ -248,17 +276,91 @@ class GatesParams:
 
 @dataclass(frozen=True)
 class HiddenParams:
-    pass
+    # offline: capture once into data/hidden shards; online: the stage writes only the manifest
+    # and index, and training captures on demand with the target resident (docs/hidden-states.md).
+    mode: Literal["offline", "online"] = "offline"
+    # embedded: the very SmolLM2 weights the local server generated with (draftgate/serve/model.py);
+    # hf_dir: any HF causal-LM directory at `path`.
+    kind: Literal["embedded", "hf_dir"] = "embedded"
+    path: str | None = None
+    trust_remote_code: bool = False
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = "float32"   # the forward pass
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"                     # what the shards store
+    # 0-based decoder-layer outputs; null = EAGLE-3's [1, N//2-1, N-4].
+    layers: list[Annotated[int, Range(ge=0)]] | None = None
+    # Padded tokens (rows x longest row) one forward pass may take; rows are sorted by length.
+    batch_tokens: Positive = 8192
+    shard_max_mb: Annotated[float, Range(gt=0.0)] = 64.0
+    # Embedded target: the responses' request hashes must name these weights (generate's identity).
+    check_served: bool = True
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if self.kind == "hf_dir" and not self.path:
+            out.append(("path", "kind hf_dir needs the model directory's path"))
+        if self.layers is not None and len(self.layers) != 3:
+            out.append(("layers", f"EAGLE-3 fuses exactly 3 auxiliary layers, got {self.layers}; "
+                                  "null takes the default [1, N//2-1, N-4]"))
+        return out
 
 
 @dataclass(frozen=True)
 class DrafterParams:
-    pass
+    # Draft vocabulary (docs/drafter.md): the most frequent completion tokens of the training rows.
+    draft_vocab_size: Positive = 2048
+    splits: list[str] = field(default_factory=lambda: ["train"])   # tokens.parquet rows trained on
+    # Training-time test: steps unrolled and the loss weight decay^i of step i.
+    ttt_steps: Annotated[int, Range(ge=1, le=16)] = 7
+    ttt_decay: Annotated[float, Range(gt=0.0, le=1.0)] = 0.8
+    epochs: Positive = 2
+    batch_tokens: Positive = 512           # padded tokens (rows x longest row) per optimizer step
+    lr: Annotated[float, Range(gt=0.0, le=1.0)] = 2e-3
+    weight_decay: Annotated[float, Range(ge=0.0)] = 0.0
+    warmup_fraction: Fraction = 0.05
+    min_lr_ratio: Fraction = 0.1           # cosine decays to lr x this
+    max_grad_norm: Annotated[float, Range(gt=0.0)] = 0.5
+    seed: Seed = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # A checkpoint every N steps (atomic); a run that stops early resumes from it when resume is
+    # true and it was made from the same data, vocabulary map and params (else an error).
+    checkpoint_every: Positive = 50
+    resume: bool = True
+    # Warm start from an earlier export (data/drafter/sglang or speculators); its vocabulary map
+    # must equal the one this data gives, or training refuses (never a silent rebuild).
+    init_from: str | None = None
+    export_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    speculative_tokens: Positive = 3        # the speculators config's proposal method
 
 
 @dataclass(frozen=True)
 class EvalParams:
-    pass
+    # Real speculative decoding with the target on the held-out prompts, greedy (docs/evaluation.md).
+    proposers: list[Literal["eagle3", "ngram", "oracle", "random"]] = field(
+        default_factory=lambda: ["eagle3", "ngram"])
+    k: Annotated[int, Range(ge=1, le=16)] = 4            # draft tokens per verify forward
+    max_new_tokens: Positive = 64
+    max_prompts: Positive | None = None                 # the first N held-out prompts; null = all
+    batch_size: Positive = 16                           # prompts decoded together (one forward)
+    # vLLM's prompt-lookup rule; its default when neither bound is set is 5..5.
+    ngram_min: Positive = 5
+    ngram_max: Positive = 5
+    # [min, max] pairs also run; the best is reported beside the default.
+    ngram_sweep: list[list[Positive]] = field(default_factory=lambda: [[1, 3], [2, 4]])
+    bootstrap_samples: Annotated[int, Range(ge=100)] = 1000
+    seed: Seed = 0                                      # bootstrap and the random proposer
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        pairs = [("ngram_min/ngram_max", [self.ngram_min, self.ngram_max])] + [
+            (f"ngram_sweep[{i}]", pair) for i, pair in enumerate(self.ngram_sweep)]
+        for key, pair in pairs:
+            if len(pair) != 2 or pair[0] > pair[1]:
+                out.append((key, f"{pair} must be [min, max] with min <= max"))
+        if not self.proposers or len(set(self.proposers)) != len(self.proposers):
+            out.append(("proposers", f"{self.proposers}: name each proposer once, at least one"))
+        return out
 
 
 @dataclass(frozen=True)

@@ -79,9 +79,15 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
         section, where = gate_section(params_path, suite.params_section)
     suite, used = resolve_parameters(suite, section, where)
     timings["params_s"] = lap()
+    computed = None
+    if suite.compute:   # side tables from the raw artifacts (a forward pass, logits): compute.py
+        from draftgate.gates.compute import run_producer
+
+        computed, _ = run_producer(suite.compute, {i.name: i.path for i in inputs}, params_path)
+        timings["compute_s"] = lap("compute_cpu_s")
     wanted, all_names = columns_read(suite)
     loaded = load_table(inputs, table_key=suite.table, view=suite.view, wanted=wanted, all_names=all_names,
-                        where=suite.path)
+                        where=suite.path, computed=computed.tables if computed else None)
     timings["load_s"] = lap("load_cpu_s")
     hashing = fingerprints(loaded)
     from draftgate.gates import gx as gx_run  # Great Expectations itself: ~3 s
@@ -135,6 +141,8 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
         "expectations": entries,
         "docs": str(docs / "index.html") if docs else None,
     }
+    if computed is not None:
+        result["computed"] = {"producer": suite.compute, "report": computed.report}
     timings["result_s"] = lap()
     return GateRun(result=result, timings=timings, page=run.page, remote=run.remote)
 
