@@ -103,3 +103,13 @@ def test_the_report_stage_if_present_comes_after_every_gate_and_plot():
     plots = {p for s in stages.values() for p in paths(s, "plots")}
     assert not gates - deps, f"the report stage should list every gate's metric among its deps: add {sorted(gates - deps)}"
     assert not plots - deps, f"the report stage should list every plot among its deps: add {sorted(plots - deps)}"
+
+
+def test_json_plots_are_read_as_dvc_reads_them(tmp_path):
+    curve = tmp_path / "loss.json"
+    curve.write_text('[{"step": 0, "loss": 3.0}, {"step": 1, "loss": 2.0}]')
+    assert report.read_plot(curve) == (["step", "loss"], [{"step": 0, "loss": 3.0}, {"step": 1, "loss": 2.0}])
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"train": [{"step": 0, "acc": 0.5}]}')
+    assert report.read_plot(nested) == (["step", "acc"], [{"step": 0, "acc": 0.5}])
+    assert "<polyline" in report.svg_chart("loss", report.read_plot(curve)[1], "step", ["loss"])

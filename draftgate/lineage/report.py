@@ -49,6 +49,21 @@ def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
         return list(reader.fieldnames or []), list(reader)
 
 
+def read_plot(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """A DVC plot file's rows: CSV, or JSON as DVC reads it (an array of objects, or an object
+    holding one such array, e.g. {"train": [...]})."""
+    if path.suffix.lower() != ".json":
+        return read_csv(path)
+    import json
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(data, dict):
+        data = next((v for v in data.values() if isinstance(v, list)), [])
+    rows = [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    return fields, rows
+
+
 def _float(v: Any) -> float | None:
     try:
         return float(v)
@@ -184,7 +199,7 @@ def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | 
         if not path.is_file():
             parts.append(f"<p class=muted>{html.escape(plot['path'])}: not written yet</p>")
             continue
-        fields, rows = read_csv(path)
+        fields, rows = read_plot(path)
         x, ys = series_of(plot, fields, rows)
         title = plot.get("title") or plot["path"]
         parts.append(f'<div class=plot>{svg_chart(str(title), rows, x, ys)}'
