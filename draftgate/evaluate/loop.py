@@ -54,6 +54,15 @@ def decoder_layers(model: Any) -> Any:
     return layers
 
 
+def attach_aux_hooks(model: Any, aux_layers: Sequence[int], hook: Callable[[int], Callable]) -> list:
+    """A forward hook on each aux decoder layer (the verify forward captures the drafter's features)."""
+    layers = decoder_layers(model)
+    for i in aux_layers:
+        if not 0 <= i < len(layers):
+            raise ValueError(f"aux layer {i} outside the target's {len(layers)} decoder layers")
+    return [layers[i].register_forward_hook(hook(i)) for i in aux_layers]
+
+
 class Session:
     """One sequence on the target: its KV cache, and forwards that return logits (and aux)."""
 
@@ -64,13 +73,8 @@ class Session:
         self.cache = DynamicCache(config=model.config)
         self.length = 0
         self._captured: dict[int, Any] = {}
-        self._hooks = []
         self.aux_layers = tuple(aux_layers or ())
-        layers = decoder_layers(model)
-        for i in self.aux_layers:
-            if not 0 <= i < len(layers):
-                raise ValueError(f"aux layer {i} outside the target's {len(layers)} decoder layers")
-            self._hooks.append(layers[i].register_forward_hook(self._hook(i)))
+        self._hooks = attach_aux_hooks(model, self.aux_layers, self._hook)
 
     def _hook(self, i: int) -> Callable:
         def keep(_module, _inputs, output):
@@ -224,13 +228,8 @@ class BatchSession:
         self.cache = DynamicCache(config=model.config)
         self.mask = None                      # LongTensor [B, slots]
         self._captured: dict[int, Any] = {}
-        self._hooks = []
         self.aux_layers = tuple(aux_layers or ())
-        layers = decoder_layers(model)
-        for i in self.aux_layers:
-            if not 0 <= i < len(layers):
-                raise ValueError(f"aux layer {i} outside the target's {len(layers)} decoder layers")
-            self._hooks.append(layers[i].register_forward_hook(self._hook(i)))
+        self._hooks = attach_aux_hooks(model, self.aux_layers, self._hook)
 
     _hook = Session._hook
     close = Session.close
