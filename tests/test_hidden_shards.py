@@ -125,7 +125,19 @@ def test_a_corrupted_shard_is_recomputed_and_the_rest_resumed(work, clean):
     assert stage.main(stage_args(work, out, work / "clean.yaml")) == 0
     m = metrics_of(out)
     assert m["computed_shards"] == 1 and m["resumed_shards"] == m["shards"] - 1
-    assert json.loads((out / "manifest.json").read_text())["shards"] == manifest["shards"]
+    after = json.loads((out / "manifest.json").read_text())["shards"]
+    assert [{k: v for k, v in s.items() if k != "sha256"} for s in after] == \
+        [{k: v for k, v in s.items() if k != "sha256"} for s in manifest["shards"]]
+    # The other shards are the very files; the recomputed one holds the same ids, and features equal
+    # within bfloat16 rounding (its rows were batched with others the first time, alone now).
+    assert [s["sha256"] for i, s in enumerate(after) if i != 1] == \
+        [s["sha256"] for i, s in enumerate(manifest["shards"]) if i != 1]
+    from safetensors.torch import load_file
+
+    new, old = load_file(out / after[1]["name"]), load_file(clean / after[1]["name"])
+    assert torch.equal(new["input_ids"], old["input_ids"]) and torch.equal(new["loss_mask"], old["loss_mask"])
+    for key in ("aux", "final"):
+        torch.testing.assert_close(new[key].float(), old[key].float(), rtol=2 ** -7, atol=1e-2)
 
 
 def test_changed_params_recompute_everything(work, clean):
