@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         m.drop(reason, n)
     m.figures.update({
         "method": dict(result.counts["method"]), "match": dict(result.counts["match"]),
+        # Of the mismatched rows: tokens between the common prefix and suffix, text method's
+        # side and the reference's (a measure of how much a drafter would learn differently).
+        "differing_tokens": {"text": 0, "reference": 0, **result.counts["differing_tokens"]},
         "normalisations": dict(result.counts["normalisations"]),
         "logprobs_fallback": dict(result.counts["logprobs_fallback"]),
         "prompt_render": dict(result.counts["prompt_render"]),

@@ -31,3 +31,15 @@ def test_exact_and_unknown_carry_no_position():
 
 def test_a_prefix_differs_at_the_shorter_length():
     assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_the_differing_span_excludes_the_common_prefix_and_suffix():
+    def tb(i):
+        return b"x"
+
+    c = compare([1, 2, 3, 4, 9], [1, 2, 5, 4, 9], tb)
+    assert (c.first_diff, c.span) == (2, (1, 1))
+    # One token split in two: the span counts one against two, not the shifted tail.
+    assert compare([7, 8, 8, 6, 6], [7, 8, 6, 6], tb).span == (1, 0)
+    assert compare([7, 3, 4, 6, 6], [7, 5, 6, 6], tb).span == (2, 1)
+    assert compare([1, 2], [1, 2, 3], tb).span == (0, 1)

@@ -21,6 +21,9 @@ class Comparison:
     match: str                  # exact | bpe_only | semantic | unknown
     first_diff: int | None      # first differing position in the completion
     context: str | None         # JSON: both sides around first_diff
+    # Tokens between the common prefix and the common suffix: how much of the row a drafter
+    # trained on the candidate would learn differently (candidate side, reference side).
+    span: tuple[int, int] = (0, 0)
 
 
 UNKNOWN = Comparison("unknown", None, None)   # frozen: one instance serves every row
@@ -36,7 +39,17 @@ def compare(candidate: Sequence[int], reference: Sequence[int] | None,
     pos = first_difference(candidate, reference)
     same = _bytes(candidate, token_bytes) == _bytes(reference, token_bytes)
     return Comparison("bpe_only" if same else "semantic", pos,
-                      _context(candidate, reference, pos, token_bytes))
+                      _context(candidate, reference, pos, token_bytes),
+                      differing_span(candidate, reference, pos))
+
+
+def differing_span(a: Sequence[int], b: Sequence[int], start: int) -> tuple[int, int]:
+    """Tokens of a and of b left once the common prefix (start) and common suffix are cut."""
+    limit = min(len(a), len(b)) - start
+    tail = 0
+    while tail < limit and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+        tail += 1
+    return len(a) - start - tail, len(b) - start - tail
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int:

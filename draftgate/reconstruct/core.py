@@ -181,6 +181,9 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
         out.counts["method"][method] += 1
         cmp = compare(text_ids, reference, setup.tok.token_bytes)
         out.counts["match"][cmp.match] += 1
+        if cmp.first_diff is not None:
+            out.counts["differing_tokens"]["text"] += cmp.span[0]
+            out.counts["differing_tokens"]["reference"] += cmp.span[1]
 
         markers_seen = None
         if final is text_ids and not row["special_in_text"]:
