@@ -69,3 +69,19 @@ def test_table_level_column_checks_see_every_column_name_while_only_read_columns
 
     assert validate(suite, data, "--result", result, "--no-docs") == 0
     assert json.loads(result.read_text())["columns_loaded"] == ["prompt_id"]
+
+
+def test_a_gate_that_stops_on_a_bad_view_or_check_leaves_no_spill_directory(tmp_path, monkeypatch):
+    import tempfile
+
+    spill = tmp_path / "tmp"
+    spill.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill))
+    prompts = write_parquet(tmp_path / "prompts.parquet", {"prompt_id": ["a"], "split": ["train"]})
+    bad_view = write_json(tmp_path / "v.json", {"name": "prompts", "view": "SELECT * FROM missing",
+                                                "expectations": []})
+    bad_check = write_json(tmp_path / "c.json", {"name": "prompts", "view": "SELECT * FROM prompts",
+                                                 "expectations": [{"type": "expect_no_such_thing", "kwargs": {}}]})
+    assert validate(bad_view, prompts, "--no-docs") == 2
+    assert validate(bad_check, prompts, "--no-docs") == 2
+    assert list(spill.iterdir()) == []

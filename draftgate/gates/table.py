@@ -347,8 +347,18 @@ class DuckSource(Source):
         import duckdb
 
         self.tmp: list[str] = []
-        self.con = con = _duck(self.tmp)
+        self.con = _duck(self.tmp)
         self.where = where
+        try:
+            self.attach(inputs, files_of, facts, table_key, view, where, computed)
+        except BaseException:
+            self.close()   # a view that does not run must not leave its spill directory behind
+            raise
+
+    def attach(self, inputs, files_of, facts, table_key, view, where, computed) -> None:
+        import duckdb
+
+        con = self.con
         for inp, files in zip(inputs, files_of):
             register_input(con, inp, files, table_key if inp is inputs[0] else None)
         for name, table in computed.items():

@@ -89,62 +89,64 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
     loaded = load_table(inputs, table_key=suite.table, view=suite.view, wanted=wanted, all_names=all_names,
                         where=suite.path, computed=computed.tables if computed else None)
     timings["load_s"] = lap("load_cpu_s")
-    hashing = fingerprints(loaded)
-    from draftgate.gates import gx as gx_run  # Great Expectations itself: ~3 s
+    try:
+        hashing = fingerprints(loaded)
+        from draftgate.gates import gx as gx_run  # Great Expectations itself: ~3 s
 
-    timings["gx_import_s"] = lap()
-    # In a gate process the sha256 thread finished during the GX import; when GX was already
-    # imported (another gate in this process) it is awaited here rather than left to contend with
-    # the validation for the GIL.
-    facts = [{**f, **h} for f, h in zip(loaded.inputs, hashing.result())]
-    timings["fingerprint_wait_s"] = lap()
-    try:
-        expectations = [gx_run.build_expectation(s) for s in suite.expectations]
-    except gx_run.SuiteError as e:
-        raise GateError(f"{suite.path}: {e}") from None
-    # In batches (bounded memory) when every check's results merge from batches (merge.py); a
-    # suite with one that does not is validated whole.
-    size = batch_rows if gx_run.batchable(expectations) else None
-    try:
+        timings["gx_import_s"] = lap()
+        # In a gate process the sha256 thread finished during the GX import; when GX was already
+        # imported (another gate in this process) it is awaited here rather than left to contend with
+        # the validation for the GIL.
+        facts = [{**f, **h} for f, h in zip(loaded.inputs, hashing.result())]
+        timings["fingerprint_wait_s"] = lap()
+        try:
+            expectations = [gx_run.build_expectation(s) for s in suite.expectations]
+        except gx_run.SuiteError as e:
+            raise GateError(f"{suite.path}: {e}") from None
+        # In batches (bounded memory) when every check's results merge from batches (merge.py); a
+        # suite with one that does not is validated whole.
+        size = batch_rows if gx_run.batchable(expectations) else None
         unique = tuple(dict.fromkeys(s.kwargs["column"] for s in suite.expectations
                                      if s.type == UNIQUE and isinstance(s.kwargs.get("column"), str)))
         run = gx_run.validate(gx_run.make_context(docs), suite.name, expectations, loaded.batches(size, unique),
                               asset=inputs[0].name, docs=docs, result_format=RESULT_FORMAT, meta=suite.meta,
                               keep=keep_runs, rows=lambda: loaded.batch_rows, duplicates=loaded.duplicates)
+        loaded.close()   # the connection's memory, before the result is built
+        gx_total = lap("gx_cpu_s")
+        timings.update(gx_setup_s=run.timings["gx_setup_s"], gx_run_s=run.timings["gx_run_s"],
+                       batches=run.timings["batches"],
+                       gx_s=gx_total - run.timings["gx_docs_s"],  # context, suite, validation: the verdict
+                       docs_s=run.timings["gx_docs_s"])          # pruning, rebuilding the site, offline assets
+        timings["gx_cpu_s"] -= run.timings["gx_docs_cpu_s"]
+        # GX may reorder results; its ids map each back to the suite entry it came from.
+        position = {ident: i for i, ident in enumerate(run.ids)}
+        ranked = sorted(run.validation.results, key=lambda o: position[str(o.expectation_config.id)])
+        entries = [expectation_entry(suite.expectations[position[str(o.expectation_config.id)]], o) for o in ranked]
+        stats = run.validation.statistics
+        result = {
+            "suite": suite.name,
+            "suite_file": suite.path,
+            "suite_sha256": suite.sha256,
+            "success": bool(run.validation.success),
+            "statistics": {"evaluated": stats["evaluated_expectations"], "successful": stats["successful_expectations"],
+                           "unsuccessful": stats["unsuccessful_expectations"],
+                           "success_percent": short(stats["success_percent"])},
+            "artifact": facts[0],
+            "inputs": facts[1:],
+            "table": suite.table,
+            "view": suite.view,
+            "rows": loaded.rows,
+            "columns_loaded": loaded.loaded,
+            "params": {"section": f"gates.{suite.params_section}", "values": used} if used else {},
+            "expectations": entries,
+            "docs": str(docs / "index.html") if docs else None,
+        }
+        if computed is not None:
+            result["computed"] = {"producer": suite.compute, "report": computed.report}
+        timings["result_s"] = lap()
+        return GateRun(result=result, timings=timings, page=run.page, remote=run.remote)
     finally:
-        loaded.close()
-    gx_total = lap("gx_cpu_s")
-    timings.update(gx_setup_s=run.timings["gx_setup_s"], gx_run_s=run.timings["gx_run_s"], batches=run.timings["batches"],
-                   gx_s=gx_total - run.timings["gx_docs_s"],  # context, suite, validation: the verdict
-                   docs_s=run.timings["gx_docs_s"])          # pruning, rebuilding the site, offline assets
-    timings["gx_cpu_s"] -= run.timings["gx_docs_cpu_s"]
-    # GX may reorder results; its ids map each back to the suite entry it came from.
-    position = {ident: i for i, ident in enumerate(run.ids)}
-    ranked = sorted(run.validation.results, key=lambda o: position[str(o.expectation_config.id)])
-    entries = [expectation_entry(suite.expectations[position[str(o.expectation_config.id)]], o) for o in ranked]
-    stats = run.validation.statistics
-    result = {
-        "suite": suite.name,
-        "suite_file": suite.path,
-        "suite_sha256": suite.sha256,
-        "success": bool(run.validation.success),
-        "statistics": {"evaluated": stats["evaluated_expectations"], "successful": stats["successful_expectations"],
-                       "unsuccessful": stats["unsuccessful_expectations"],
-                       "success_percent": short(stats["success_percent"])},
-        "artifact": facts[0],
-        "inputs": facts[1:],
-        "table": suite.table,
-        "view": suite.view,
-        "rows": loaded.rows,
-        "columns_loaded": loaded.loaded,
-        "params": {"section": f"gates.{suite.params_section}", "values": used} if used else {},
-        "expectations": entries,
-        "docs": str(docs / "index.html") if docs else None,
-    }
-    if computed is not None:
-        result["computed"] = {"producer": suite.compute, "report": computed.report}
-    timings["result_s"] = lap()
-    return GateRun(result=result, timings=timings, page=run.page, remote=run.remote)
+        loaded.close()   # its DuckDB connection and spill directory, whatever stopped the gate
 
 
 # ------------------------------------------------------------ CLI
