@@ -3,12 +3,12 @@
 python -m stages.generate --params params.yaml --prompts data/prompts/prompts.parquet \
     --gate data/gates/prompts.json --out data/responses --metrics metrics/generate.json
 
-The journal (`<out>/journal.jsonl`) is append-only and survives reruns: finished prompts are
-skipped, so a crashed or stopped run resumes where it was. `generate.budget_usd` bounds the whole
+The journal (`--journal`, default `<out>/journal.jsonl`) is append-only and survives reruns:
+finished prompts are skipped, so a crashed or stopped run resumes where it was. `generate.budget_usd` bounds the whole
 journal, every run together (draftgate/client/budget.py). With `backend: local` this stage starts
 the local server (draftgate.serve) for the run and passes its identity (weights, tokenizer,
 template fingerprints) into every request hash. The journal's line count, size and sha256 go into
-the metrics: DVC versions the table, not the journal (draftgate/client/journal.py says why).
+the metrics: DVC versions the table; the journal is not a DVC output (journal.py says why).
 
 Exit 0 when every prompt in scope was attempted or the budget ran out (the responses gate judges
 completeness); 1 when the run stopped on 401 / credits (journal, table and metrics are still
@@ -30,7 +30,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--params", required=True, help="params.yaml (generate and serve sections)")
     p.add_argument("--prompts", required=True, help="prompts.parquet")
     p.add_argument("--gate", required=True, help="the prompts gate result; refuses to run unless success")
-    p.add_argument("--out", required=True, help="directory for journal.jsonl and responses.parquet")
+    p.add_argument("--out", required=True, help="directory for responses.parquet")
+    p.add_argument("--journal", help="the append-only journal of paid answers (default: <out>/journal.jsonl); "
+                                     "not a DVC output: dvc.yaml says why")
     p.add_argument("--metrics", required=True, help="metrics JSON to write")
     return p.parse_args(argv)
 
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             print("generate: budget_usd is set but generate.price is zero: worst cases cannot be "
                   "reserved, so the budget only stops after the fact; set generate.price", file=sys.stderr)
         out = Path(args.out)
-        journal = out / "journal.jsonl"
+        journal = Path(args.journal) if args.journal else out / "journal.jsonl"
         with target(params, target_for) as t:
             result = client.run(prompts, gp, t, journal)
     except (ParamsError, GateNotPassed, TargetError, OSError, ValueError) as e:

@@ -115,6 +115,18 @@ def test_the_journal_stays_out_of_dvcs_cache_and_git_and_the_metrics_name_it(sma
     assert run(["git", "check-ignore", "-q", str(journal)], small_repo, check=False).returncode == 0
 
 
+def test_a_checkout_without_the_journal_finds_generate_up_to_date_so_a_queued_experiment_pays_nothing(small_repo):
+    # A `dvc exp run --queue` temp directory holds what git and the DVC cache hold: no journal.
+    journal = small_repo / "data" / "responses" / "journal.jsonl"
+    aside = journal.with_name("journal.aside")
+    journal.rename(aside)
+    try:
+        out = run(["dvc", "status", "generate"], small_repo).stdout
+    finally:
+        aside.rename(journal)
+    assert "up to date" in out, out
+
+
 def test_a_change_to_the_tokenizer_code_makes_generate_and_reconstruct_stale(small_repo):
     code = small_repo / "draftgate" / "tokenizers.py"
     original = code.read_text()

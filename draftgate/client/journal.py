@@ -17,15 +17,17 @@ Old lines: a line whose request hash is not the current one (other params, anoth
 client/request.py) is never resumed and never in the table, but it stays in the journal and its
 cost counts toward the budget, which bounds the whole journal (client/budget.py).
 
-Versioning. The journal only grows, so DVC does not cache it (`cache: false` beside `persist:
-true` in dvc.yaml): caching it would store a full copy per run, O(runs x lines) in the cache for a
-file whose new content is a few appended lines. What DVC versions is responses.parquet, built from
-it: every prompt's chosen line with its text, ids, usage, cost and request hash. The journal state
-that built a table is named by `journal_lines` and `journal_bytes` in metrics/generate.json (so
-`dvc metrics diff` shows it move) and by `journal_sha256` in metrics/generate.details.json beside
-it (both git-tracked with params and dvc.lock); dvc.lock records its hash too. It is git-ignored: it holds paid answers, to be backed up beside the
-DVC remote (copy it; `dvc push` does not carry an uncached output). Without it a rerun cannot
-resume and would pay again for what the table already holds.
+Versioning. The journal only grows, so it is not a DVC output at all (dvc.yaml passes its path
+in the command). Cached, it would store a full copy per run, O(runs x lines) for a file whose new
+content is a few appended lines; as an uncached output, any checkout without it (a `dvc exp run
+--queue` temp directory, a fresh clone after `dvc pull`) would make the stage stale, and the rerun
+would pay for every answer again. What DVC versions is responses.parquet, built from it: every
+prompt's chosen line with its text, ids, usage, cost and request hash. The journal state that
+built a table is named by `journal_lines` and `journal_bytes` in metrics/generate.json (so `dvc
+metrics diff` shows it move) and by `journal_sha256` in metrics/generate.details.json beside it.
+It is git-ignored: it holds paid answers, to be backed up beside the DVC remote (`dvc push` does
+not carry it). Without it a rerun of generate cannot resume and would pay again for what the
+table already holds.
 """
 
 from __future__ import annotations
