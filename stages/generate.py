@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate import client
+    from draftgate.client import hashcache
     from draftgate.client.request import build_body, request_hash
     from draftgate.client.table import PromptFile, write_responses
     from draftgate.client.target import TargetError, target_for
@@ -59,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         journal = Path(args.journal) if args.journal else out / "journal.jsonl"
         with target(params, target_for) as t:
-            result = client.run(prompts, gp, t, journal)
+            # Every prompt's request hash, from the last run when nothing that makes one changed.
+            key, known = hashcache.checked(prompts, gp, t.identity, journal)
+            result = client.run(prompts, gp, t, journal, known=known)
+        if known is None:
+            hashcache.save(hashcache.cache_path(journal), key, result.hash_bytes, result.key_bytes)
     except (ParamsError, GateNotPassed, TargetError, OSError, ValueError) as e:
         print(f"stages.generate: {e}", file=sys.stderr)
         return 2
@@ -67,14 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     def hash_of(p: Any) -> str:
         return request_hash(build_body(p, gp), gp.backend, t.identity)
     stats = write_responses(out / "responses.parquet", prompts, hash_of, journal, result.stop_reason,
-                            hashes=result.hash_bytes, index=result.index)
+                            hashes=result.hash_bytes, index=result.index, keys=result.key_bytes)
     metrics = StageMetrics("generate", rows_in=len(prompts), params=as_dict(gp))
     metrics.rows_out = stats.ok
     for reason, n in sorted(stats.failure_reasons.items()):
         metrics.drop(reason, n)
     metrics.figures.update(result.figures())
     metrics.figures["table_cost_usd"] = round(stats.cost_usd, 6)
-    metrics.figures.update(journal_figures(journal))
+    metrics.figures.update(journal_figures(journal, result.index))
     metrics.write(args.metrics)
     budget = f" of ${gp.budget_usd:.4f}" if gp.budget_usd else ""
     print(f"generate: {len(prompts)} prompts: {metrics.rows_out} ok, {len(prompts) - metrics.rows_out} not "
@@ -99,8 +104,14 @@ def target(params: Any, remote: Any) -> Iterator[Any]:
         yield Target(url, identity=served_identity(url))
 
 
-def journal_figures(path: Path) -> dict[str, Any]:
-    """The journal's identity for the metrics: DVC does not cache it (journal.py explains)."""
+def journal_figures(path: Path, index: Any = None) -> dict[str, Any]:
+    """The journal's identity for the metrics: DVC does not cache it (journal.py explains).
+    `index`: the run's scan, when the run appended nothing; it hashed the journal's complete
+    lines, so a journal of just those bytes is not read twice."""
+    with contextlib.suppress(FileNotFoundError):
+        if index is not None and index.complete_bytes == path.stat().st_size:
+            return {"journal_sha256": index.complete_sha256, "journal_lines": index.complete_lines,
+                    "journal_bytes": index.complete_bytes}
     h, lines, size = hashlib.sha256(), 0, 0
     with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -125,3 +125,63 @@ def test_a_quarantined_junk_answer_with_a_lone_surrogate_keeps_its_reason_in_the
     [row] = table.to_pylist()
     assert (row["status"], row["failure_reason"], row["content"]) == ("failed", "leaked_error_body", None)
     assert (row["billed_completion_tokens"], row["cost_usd"]) == (3, 0.002)
+
+
+def _same_index(a, b) -> None:
+    import numpy as np
+
+    assert (a.records, a.bad_lines, a.torn_tail, a.spent_usd) == (b.records, b.bad_lines, b.torn_tail, b.spent_usd)
+    assert (a.complete_bytes, a.complete_lines, a.complete_sha256) == (b.complete_bytes, b.complete_lines,
+                                                                      b.complete_sha256)
+    for name, _ in a.COLUMNS:
+        assert np.array_equal(a._cols[name], b._cols[name]), name
+
+
+def test_a_cached_scan_reads_only_the_lines_appended_since_and_equals_a_full_scan(tmp_path, monkeypatch):
+    import hashlib
+
+    from draftgate.client import journal as journal_mod
+    from draftgate.client.budget import line_cost
+    from draftgate.client.journal import JournalIndex
+
+    path, cache = tmp_path / "journal.jsonl", tmp_path / "journal.jsonl.index"
+    asyncio.run(append_all(path, [line(f"p{i}", cost_usd=0.5) for i in range(30)]))
+    with open(path, "ab") as f:
+        f.write(b'{"torn\n')                                       # a bad line, terminated
+    asyncio.run(append_all(path, [line("p3", "failed", failure_kind="permanent")]))
+    JournalIndex.scan(path, line_cost, cache=cache)
+    asyncio.run(append_all(path, [line(f"q{i}", cost_usd=0.25) for i in range(5)]))
+    with open(path, "ab") as f:
+        f.write(json.dumps(line("r")).encode())                   # a tail that lost its newline
+
+    parsed = []
+    real = journal_mod._parse
+    monkeypatch.setattr(journal_mod, "_parse", lambda b: parsed.append(b) or real(b))
+    cached = JournalIndex.scan(path, line_cost, cache=cache)
+    assert len(parsed) == 6                                       # 5 appended lines and the tail
+    monkeypatch.setattr(journal_mod, "_parse", real)
+    _same_index(cached, JournalIndex.scan(path, line_cost))
+    assert cached.spent_usd == 30 * 0.5 + 5 * 0.25 and cached.bad_lines == [31]
+    assert cached.done("r", "h") and cached.done("p3", "h")
+    whole = path.read_bytes()[:cached.complete_bytes]
+    assert cached.complete_sha256 == hashlib.sha256(whole).hexdigest()
+
+    # The tail is terminated by the next append: the cache, which never took it, still fits.
+    asyncio.run(append_all(path, [line("s")]))
+    _same_index(JournalIndex.scan(path, line_cost, cache=cache), JournalIndex.scan(path, line_cost))
+
+
+def test_a_cache_of_other_bytes_is_ignored_and_replaced(tmp_path):
+    from draftgate.client.budget import line_cost
+    from draftgate.client.journal import JournalIndex
+
+    path, cache = tmp_path / "journal.jsonl", tmp_path / "journal.jsonl.index"
+    asyncio.run(append_all(path, [line(f"p{i}") for i in range(10)]))
+    JournalIndex.scan(path, line_cost, cache=cache)
+    # Rewritten, not appended to (a restored backup, an edit): the same size, other bytes.
+    path.write_bytes(path.read_bytes().replace(b'"p1"', b'"x1"'))
+    again = JournalIndex.scan(path, line_cost, cache=cache)
+    _same_index(again, JournalIndex.scan(path, line_cost))
+    assert again.done("x1", "h") and not again.done("p1", "h")
+    cache.write_bytes(b"garbage")
+    _same_index(JournalIndex.scan(path, line_cost, cache=cache), again)

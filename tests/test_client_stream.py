@@ -113,3 +113,11 @@ def test_a_batch_lookup_applies_the_table_rule_to_every_prompt_at_once(tmp_path)
     assert [bool(d) for d in done] == [p in chosen and (chosen[p]["status"] == "ok" or chosen[p]["failure_kind"] ==
                                                         "permanent") for p in pids]
     assert isinstance(done, np.ndarray)
+
+
+def test_the_table_rows_fields_are_the_responses_schemas_columns_in_order():
+    from draftgate import schema
+    from draftgate.client.table import FIELDS, _unsent
+
+    assert list(FIELDS) == schema.responses().names
+    assert len(_unsent("p", "d", "h", None)) == len(FIELDS)

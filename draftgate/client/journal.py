@@ -136,6 +136,8 @@ class JournalIndex:
     `lookup` answers a whole batch of prompts in numpy. `read` parses the chosen line from the file.
     """
 
+    COLUMNS = (("key", "Q"), ("hash", "Q"), ("ok", "b"), ("done", "b"), ("off", "q"), ("len", "q"), ("cost", "d"))
+
     def __init__(self) -> None:
         from array import array
 
@@ -143,35 +145,89 @@ class JournalIndex:
         self.torn_tail = False
         self.bad_lines: list[int] = []
         self.records = 0
-        self._cols = {name: array(code) for name, code in
-                      (("key", "Q"), ("hash", "Q"), ("ok", "b"), ("done", "b"), ("off", "q"), ("len", "q"))}
+        # The complete lines read: their bytes, count and sha256 (stages/generate.py's metrics
+        # reuse it when nothing was appended since).
+        self.complete_bytes, self.complete_lines, self.complete_sha256 = 0, 0, hashlib.sha256().hexdigest()
+        self._cols = {name: array(code) for name, code in self.COLUMNS}
 
     @classmethod
-    def scan(cls, path: str | Path, cost: Any = None) -> JournalIndex:
-        """`cost(record) -> float`: what a line cost (budget.line_cost), summed into spent_usd."""
+    def scan(cls, path: str | Path, cost: Any = None, cache: str | Path | None = None) -> JournalIndex:
+        """`cost(record) -> float`: what a line cost (budget.line_cost), summed into spent_usd.
+        `cache`: a file that keeps the scan of the journal's complete lines. The journal only
+        grows, so a cache whose bytes are still the journal's first bytes (sha256) is extended by
+        reading only the lines appended since; anything else is rescanned and the cache rewritten."""
         idx = cls()
         try:
             f = open(path, "rb")
         except FileNotFoundError:
             return idx._sorted()
         with f:
-            off = 0
-            for n, line in enumerate(f, start=1):
+            digest = idx._load_cache(f, cache, cost is not None) if cache else hashlib.sha256()
+            f.seek(idx.complete_bytes)
+            off, first = idx.complete_bytes, idx.complete_bytes
+            for n, line in enumerate(f, start=idx.complete_lines + 1):
                 whole = line.endswith(b"\n")
                 body = line[:-1] if whole else line
                 rec = _parse(body) if body else None
                 if rec is not None:
-                    idx._add(rec, off, len(body))
-                    if cost is not None:
-                        idx.spent_usd += cost(rec)
+                    idx._add(rec, off, len(body), cost(rec) if cost is not None else 0.0)
                 elif body and whole:
                     idx.bad_lines.append(n)   # a torn fragment of an earlier crash, terminated since
                 elif body:
                     idx.torn_tail = True      # a torn tail that parses lost only its newline: a record
                 off += len(line)
+                if whole:
+                    digest.update(line)
+                    idx.complete_bytes, idx.complete_lines = off, n
+            idx.complete_sha256 = digest.hexdigest()
+        if cache and idx.complete_bytes > first:
+            idx._save_cache(cache, cost is not None)
+        idx.spent_usd = float(sum(idx._cols["cost"]))
         return idx._sorted()
 
-    def _add(self, rec: dict[str, Any], off: int, length: int) -> None:
+    def _load_cache(self, f: Any, cache: str | Path, costed: bool) -> Any:
+        """Take the cached scan when it is of this journal's first bytes; return the running sha256."""
+        import numpy as np
+
+        digest = hashlib.sha256()
+        try:
+            with np.load(cache, allow_pickle=False) as z:
+                meta = json.loads(str(z["meta"]))
+                cols = {name: z[name] for name, _ in self.COLUMNS}
+                bad = z["bad_lines"].tolist()
+        except (OSError, ValueError, KeyError):
+            return digest
+        size = meta.get("bytes", -1)
+        if meta.get("costed") != costed or not 0 < size <= os.fstat(f.fileno()).st_size:
+            return digest
+        left = size
+        while left:
+            block = f.read(min(left, 1 << 20))
+            digest.update(block)
+            left -= len(block)
+        if digest.hexdigest() != meta.get("sha256"):
+            return hashlib.sha256()   # not a prefix of this journal: rescan it all
+        for name, _ in self.COLUMNS:
+            self._cols[name].frombytes(cols[name].tobytes())
+        self.bad_lines, self.records = bad, len(self._cols["key"])
+        self.complete_bytes, self.complete_lines = size, meta["lines"]
+        return digest
+
+    def _save_cache(self, cache: str | Path, costed: bool) -> None:
+        import numpy as np
+
+        from draftgate.io import atomic_path
+
+        meta = {"bytes": self.complete_bytes, "lines": self.complete_lines, "sha256": self.complete_sha256,
+                "costed": costed}
+        # Only the complete lines: a tail without its newline is read again next time (a record
+        # then, or a bad line once terminated). Offsets grow with the lines.
+        n = int(np.searchsorted(np.frombuffer(self._cols["off"], dtype=np.int64), self.complete_bytes))
+        cols = {name: np.frombuffer(self._cols[name], dtype=np.dtype(code))[:n] for name, code in self.COLUMNS}
+        with atomic_path(cache) as tmp, open(tmp, "wb") as out:
+            np.savez(out, meta=np.array(json.dumps(meta)), bad_lines=np.array(self.bad_lines, dtype=np.int64), **cols)
+
+    def _add(self, rec: dict[str, Any], off: int, length: int, cost: float) -> None:
         c = self._cols
         c["key"].append(digest64(rec["prompt_id"]))
         c["hash"].append(hash64(rec.get("request_hash") or ""))
@@ -179,15 +235,16 @@ class JournalIndex:
         c["done"].append(is_done(rec))
         c["off"].append(off)
         c["len"].append(length)
+        c["cost"].append(cost)
         self.records += 1
 
     def _sorted(self) -> JournalIndex:
         """Keep one line per (prompt, request hash): the chosen one; sorted for binary search."""
         import numpy as np
 
-        cols = {k: np.frombuffer(v, dtype=np.uint64 if v.typecode == "Q" else np.int8 if v.typecode == "b"
-                                 else np.int64).copy() if len(v) else
-                np.zeros(0, dtype=np.uint64 if v.typecode == "Q" else np.int64) for k, v in self._cols.items()}
+        dtypes = {"Q": np.uint64, "b": np.int8, "q": np.int64, "d": np.float64}
+        cols = {k: np.frombuffer(v, dtype=dtypes[v.typecode]).copy() if len(v) else
+                np.zeros(0, dtype=dtypes[v.typecode]) for k, v in self._cols.items()}
         # Lines by pair, then ok after failed, then line order: the last of each pair is the chosen one.
         order = np.lexsort((np.arange(len(cols["key"])), cols["ok"], cols["hash"], cols["key"]))
         cols = {k: v[order] for k, v in cols.items()}
@@ -226,6 +283,17 @@ class JournalIndex:
         off, length = self._cols["off"], self._cols["len"]
         return [None if i < 0 else (int(off[i]), int(length[i])) for i in positions.tolist()]
 
+    def spans(self, positions: Any) -> tuple[Any, Any]:
+        """(offsets, lengths) of each looked-up line, as numpy arrays; -1 where there is none."""
+        import numpy as np
+
+        has = positions >= 0
+        off = np.full(len(positions), -1, dtype=np.int64)
+        length = np.zeros(len(positions), dtype=np.int64)
+        off[has] = self._cols["off"][positions[has]]
+        length[has] = self._cols["len"][positions[has]]
+        return off, length
+
     def is_done(self, positions: Any) -> Any:
         """Per looked-up line: done by the resume rule (module docstring)."""
         import numpy as np
@@ -258,6 +326,11 @@ class JournalIndex:
         raw = f.read(where[1])
         rec, clean = loads_clean(raw)
         return (rec, clean) if rec is not None else (json.loads(raw), False)   # json's own error
+
+
+def index_path(journal: str | Path) -> Path:
+    """Where the generate stage keeps the journal's scan (JournalIndex.scan's `cache`)."""
+    return Path(f"{journal}.index")
 
 
 def digest64(text: str) -> int:

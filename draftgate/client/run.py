@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from array import array
 import random
 import sys
 import time
@@ -32,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from draftgate.client.budget import Budget, budget_problem, cost_of, line_cost, worst_case
 from draftgate.client.http import ChatClient
-from draftgate.client.journal import Journal, JournalIndex, digest64, hash64_array
+from draftgate.client.journal import Journal, JournalIndex, digest64, hash64_array, index_path
 from draftgate.client.progress import Progress
 from draftgate.client.request import Prompt, build_body, encode_body, request_hash
 from draftgate.client.redact import redact
@@ -85,6 +86,7 @@ class RunResult:
     # Streamed runs: every prompt's request hash (32 bytes each, prompt order), and the journal
     # index when the run appended nothing (the table reuses both instead of redoing them).
     hash_bytes: bytes = field(default=b"", repr=False)
+    key_bytes: bytes = field(default=b"", repr=False)   # digest64 of each prompt id (uint64, prompt order)
     index: Any = field(default=None, repr=False)
 
     @property
@@ -136,8 +138,9 @@ def current_hashes(prompts: list[Prompt], params: GenerateParams,
 
 
 def run(prompts: list[Prompt], params: GenerateParams, target: Target, journal_path: str | Path,
-        policy: Policy | None = None, progress: bool = True, seed: int = 0) -> RunResult:
-    return asyncio.run(run_async(prompts, params, target, journal_path, policy, progress, seed))
+        policy: Policy | None = None, progress: bool = True, seed: int = 0,
+        known: tuple[bytes, bytes] | None = None) -> RunResult:
+    return asyncio.run(run_async(prompts, params, target, journal_path, policy, progress, seed, known))
 
 
 def budget_line(params: GenerateParams, spent: float, n_todo: int, worst: float) -> str:
@@ -154,10 +157,13 @@ PromptSource = Callable[[], Iterator[Prompt]]
 
 async def run_async(prompts: list[Prompt] | PromptSource, params: GenerateParams, target: Target,
                     journal_path: str | Path, policy: Policy | None = None, progress: bool = True,
-                    seed: int = 0) -> RunResult:
+                    seed: int = 0, known: tuple[bytes, bytes] | None = None) -> RunResult:
     """`prompts`: a list (in memory; `result.hashes` is filled), or a source that yields them
     afresh on each call (table.PromptFile: streamed from prompts.parquet, `limit` applied there;
-    nothing per prompt is kept, so memory does not grow with the prompts)."""
+    nothing per prompt is kept, so memory does not grow with the prompts). `known`: with a
+    PromptFile, every prompt's request hash (32 bytes each) and prompt id digest (8), already
+    checked (hashcache.py): the first pass then asks the journal about all of them at once and
+    reads prompt sizes only when something is to be sent."""
     problem = budget_problem(params)
     if problem:
         raise ValueError(problem)
@@ -171,7 +177,7 @@ async def run_async(prompts: list[Prompt] | PromptSource, params: GenerateParams
         return hashes[p.prompt_id] if hashes is not None else request_hash(build_body(p, params), params.backend,
                                                                            target.identity)
     result = RunResult(hashes=hashes or {}, budget_usd=params.budget_usd)
-    index = JournalIndex.scan(journal_path, line_cost)
+    index = JournalIndex.scan(journal_path, line_cost, cache=index_path(journal_path))
     result.spent_before_usd = index.spent_usd
     result.journal_torn_tail, result.journal_bad_lines = index.torn_tail, len(index.bad_lines)
     if index.torn_tail or index.bad_lines:
@@ -180,31 +186,14 @@ async def run_async(prompts: list[Prompt] | PromptSource, params: GenerateParams
               file=sys.stderr)
     # A first pass counts what is to do and its worst case; the second sends it. Both stream. The
     # request hashes are kept as 32 bytes a prompt, in prompt order, for the send and table passes,
-    # and whether each prompt is done as 1 byte; the journal is asked a batch of prompts at a time.
-    n_todo, worst, hashed, done = 0, 0.0, bytearray(), bytearray()
-    start = 0
-
-    def settle(batch: list[Prompt]) -> None:
-        nonlocal n_todo, worst
-        at = index.lookup([digest64(p.prompt_id) for p in batch], hash64_array(bytes(hashed[32 * start:])))
-        flags = index.is_done(at)
-        done.extend(flags.tobytes())
-        for p, d in zip(batch, flags.tolist()):
-            if not d:
-                n_todo += 1
-                worst += worst_case(p, params.price, params.max_tokens)
-
-    batch: list[Prompt] = []
-    for p in source():
-        result.total += 1
-        hashed += bytes.fromhex(hash_of(p))
-        batch.append(p)
-        if len(batch) == 4096:
-            settle(batch)
-            start, batch = result.total, []
-    settle(batch)
+    # the prompt ids' digests as 8, and whether each prompt is done as 1 byte.
+    if known is not None:
+        hashed, keys, done, n_todo, worst = _known_pass(known, prompts, index, params)
+        result.total = len(done)
+    else:
+        hashed, keys, done, n_todo, worst = _hashing_pass(source(), hash_of, index, params, result)
     result.skipped = result.total - n_todo
-    result.hash_bytes = bytes(hashed)
+    result.hash_bytes, result.key_bytes = hashed, keys
     if not n_todo:
         result.index = index      # nothing appended: the table can use the same index
         return result
@@ -218,6 +207,50 @@ async def run_async(prompts: list[Prompt] | PromptSource, params: GenerateParams
         await runner.run(todo, n_todo, worst, journal)
         result.journal_commits = journal.commits
     return result
+
+
+def _hashing_pass(prompts: Iterator[Prompt], hash_of: Callable[[Prompt], str], index: JournalIndex,
+                  params: GenerateParams, result: RunResult) -> tuple[bytes, bytes, bytes, int, float]:
+    """Hash each prompt and ask the journal about a batch at a time:
+    (hashes, id digests, done flags, prompts to send, their worst-case cost)."""
+    hashed, keys, done = bytearray(), array("Q"), bytearray()
+    n_todo, worst = 0, 0.0
+    batch: list[Prompt] = []
+
+    def settle() -> None:
+        nonlocal n_todo, worst
+        first = len(keys)
+        keys.extend(digest64(p.prompt_id) for p in batch)
+        flags = index.is_done(index.lookup(keys[first:], hash64_array(bytes(hashed[32 * first:]))))
+        done.extend(flags.tobytes())
+        for p, d in zip(batch, flags.tolist()):
+            if not d:
+                n_todo += 1
+                worst += worst_case(p, params.price, params.max_tokens)
+        batch.clear()
+
+    for p in prompts:
+        result.total += 1
+        hashed += bytes.fromhex(hash_of(p))
+        batch.append(p)
+        if len(batch) == 4096:
+            settle()
+    settle()
+    return bytes(hashed), keys.tobytes(), bytes(done), n_todo, worst
+
+
+def _known_pass(known: tuple[bytes, bytes], prompts: Any, index: JournalIndex,
+                params: GenerateParams) -> tuple[bytes, bytes, bytes, int, float]:
+    """The same from known hashes and digests (hashcache.py): one vectorised journal lookup."""
+    import numpy as np
+
+    hashed, keys = known
+    flags = index.is_done(index.lookup(np.frombuffer(keys, dtype=np.uint64), hash64_array(hashed)))
+    n_todo, worst = int(len(flags) - flags.sum()), 0.0
+    if n_todo:   # sizes for the budget's worst case, read only when something is to be sent
+        worst = sum(worst_case(p, params.price, params.max_tokens)
+                    for p, d in zip(prompts.ids(sizes=True), flags.tolist()) if not d)
+    return hashed, keys, flags.tobytes(), n_todo, worst
 
 
 class _Runner:

@@ -18,8 +18,9 @@ generate.price is below the real price. `wasted_cost_usd` is the part that bough
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from collections import Counter
-from operator import itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -37,18 +38,25 @@ def responses_table(prompts: list[Prompt], hashes: dict[str, str], records: list
     chosen = latest(records, hashes)
     rows = []
     for p in prompts:
-        rec = chosen.get(p.prompt_id)
-        rows.append(_row(p, hashes[p.prompt_id], rec) if rec else _unsent(p, hashes[p.prompt_id], stop_reason))
+        rec, h = chosen.get(p.prompt_id), hashes[p.prompt_id]
+        row = _row(p.prompt_id, p.dataset, h, rec) if rec else _unsent(p.prompt_id, p.dataset, h, stop_reason)
+        rows.append(dict(zip(FIELDS, row)))
     return pa.Table.from_pylist(rows, schema=schema.responses())
 
 
+# schema.responses()'s columns, in order: rows are tuples of these (tested equal to the schema).
+FIELDS = ("prompt_id", "dataset", "request_hash", "status", "failure_reason", "generation_id", "provider",
+          "model", "finish_reason", "native_finish_reason", "reasoning", "reasoning_details", "content",
+          "tool_calls", "billed_prompt_tokens", "billed_completion_tokens", "billed_reasoning_tokens",
+          "cost_usd", "wasted_cost_usd", "logprobs", "truth_ids", "prompt_token_ids", "attempts", "latency_s")
+STATUS, FAILURE_REASON, COST = FIELDS.index("status"), FIELDS.index("failure_reason"), FIELDS.index("cost_usd")
 TEXT_FIELDS = ("reasoning", "reasoning_details", "content", "tool_calls", "logprobs")
 # What a failed row shows of its last attempt's answer (a junk 200), when there was one.
 SHOWN_FIELDS = ("generation_id", "model", "finish_reason", "native_finish_reason", *TEXT_FIELDS, "usage",
                 "token_ids", "prompt_token_ids")
 
 
-def _row(p: Prompt, rhash: str, rec: dict[str, Any], utf8_known: bool = False) -> dict[str, Any]:
+def _row(prompt_id: str, dataset: str, rhash: str, rec: dict[str, Any], utf8_known: bool = False) -> tuple:
     """`utf8_known`: the line was parsed by a reader that refuses lone surrogates (journal.loads_clean)."""
     if rec["status"] != "ok" and rec.get("failed_attempts"):
         last = rec["failed_attempts"][-1]
@@ -58,38 +66,26 @@ def _row(p: Prompt, rhash: str, rec: dict[str, Any], utf8_known: bool = False) -
         # tokenised exactly. The journal keeps it as received; the row is a failure with a reason.
         rec = {**{k: v for k, v in rec.items() if k not in TEXT_FIELDS}, "status": "failed",
                "failure_reason": "invalid_unicode" if rec["status"] == "ok" else rec.get("failure_reason")}
-    usage = rec.get("usage") or {}
+    get = rec.get
+    usage = get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
     ok = rec["status"] == "ok"
-    wasted = rec.get("wasted_cost_usd")
-    return {
-        "prompt_id": p.prompt_id, "dataset": p.dataset, "request_hash": rhash,
-        "status": rec["status"], "failure_reason": None if ok else rec.get("failure_reason"),
-        "generation_id": rec.get("generation_id"), "provider": rec.get("provider"), "model": rec.get("model"),
-        "finish_reason": rec.get("finish_reason"), "native_finish_reason": rec.get("native_finish_reason"),
-        "reasoning": rec.get("reasoning"), "reasoning_details": rec.get("reasoning_details"),
-        "content": rec.get("content"), "tool_calls": rec.get("tool_calls"),
-        "billed_prompt_tokens": _int(usage.get("prompt_tokens")),
-        "billed_completion_tokens": _int(usage.get("completion_tokens")),
-        "billed_reasoning_tokens": _int(details.get("reasoning_tokens")),
-        "cost_usd": (rec.get("cost_usd") or 0.0) + (wasted or 0.0) if ok else wasted,
-        "wasted_cost_usd": wasted,
-        "logprobs": rec.get("logprobs"), "truth_ids": rec.get("token_ids"),
-        "prompt_token_ids": rec.get("prompt_token_ids"),
-        "attempts": rec.get("attempts"), "latency_s": rec.get("latency_s"),
-    }
+    wasted = get("wasted_cost_usd")
+    return (prompt_id, dataset, rhash, rec["status"], None if ok else get("failure_reason"),
+            get("generation_id"), get("provider"), get("model"), get("finish_reason"), get("native_finish_reason"),
+            get("reasoning"), get("reasoning_details"), get("content"), get("tool_calls"),
+            _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
+            _int(details.get("reasoning_tokens")),
+            (get("cost_usd") or 0.0) + (wasted or 0.0) if ok else wasted, wasted,
+            get("logprobs"), get("token_ids"), get("prompt_token_ids"), get("attempts"), get("latency_s"))
 
 
-def _unsent(p: Prompt, rhash: str, stop_reason: str | None) -> dict[str, Any]:
-    return {**_NONE, "prompt_id": p.prompt_id, "dataset": p.dataset, "request_hash": rhash, "status": "failed",
-            "failure_reason": f"unsent_{stop_reason}" if stop_reason else "unsent", "attempts": 0,
-            "cost_usd": 0.0, "wasted_cost_usd": 0.0}
+def _unsent(prompt_id: str, dataset: str, rhash: str, stop_reason: str | None) -> tuple:
+    reason = f"unsent_{stop_reason}" if stop_reason else "unsent"
+    return (prompt_id, dataset, rhash, "failed", reason, *_NONE[:12], 0.0, 0.0, None, None, None, 0, None)
 
 
-_NONE = dict.fromkeys(("generation_id", "provider", "model", "finish_reason", "native_finish_reason", "reasoning",
-                       "reasoning_details", "content", "tool_calls", "billed_prompt_tokens",
-                       "billed_completion_tokens", "billed_reasoning_tokens", "logprobs", "truth_ids",
-                       "prompt_token_ids", "latency_s"))
+_NONE = (None,) * 12   # generation_id .. billed_reasoning_tokens
 
 
 def _not_utf8(text: Any) -> bool:
@@ -122,21 +118,57 @@ class PromptFile:
     def __len__(self) -> int:
         return self.rows if self.limit is None else min(self.rows, self.limit)
 
-    def ids(self) -> Iterator[Prompt]:
+    def ids(self, sizes: bool = False) -> Iterator[Prompt]:
         """Like calling it, with only prompt_id and dataset read: for the table, whose rows need
-        nothing else of a prompt once its request hash is known."""
+        nothing else of a prompt once its request hash is known. `sizes`: `chars` too (what the
+        budget's worst case needs), counted by Arrow without parsing the JSON."""
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         n = len(self)
         i = 0
         # No pre-buffering: it keeps what it read, so memory would grow with the file.
         reader = pq.ParquetFile(self.path, pre_buffer=False)
-        for b in reader.iter_batches(batch_size=self.batch, columns=["prompt_id", "dataset"]):
-            for pid, dataset in zip(b.column(0).to_pylist(), b.column(1).to_pylist()):
+        columns = ["prompt_id", "dataset", *(["messages", "tools"] if sizes else [])]
+        for b in reader.iter_batches(batch_size=self.batch, columns=columns):
+            chars = (pc.add(*(pc.fill_null(pc.utf8_length(b.column(c)), 0) for c in (2, 3))).to_pylist()
+                     if sizes else [0] * b.num_rows)
+            for pid, dataset, c in zip(b.column(0).to_pylist(), b.column(1).to_pylist(), chars):
                 if i >= n:
                     return
-                yield Prompt(pid, dataset or "", [], None, 0)
+                yield Prompt(pid, dataset or "", [], None, c)
                 i += 1
+
+    def id_batches(self) -> Iterator[tuple[list[str], list[str]]]:
+        """(prompt ids, datasets) a batch at a time, in table order, the first `limit` only."""
+        import pyarrow.parquet as pq
+
+        left = len(self)
+        reader = pq.ParquetFile(self.path, pre_buffer=False)
+        for b in reader.iter_batches(batch_size=self.batch, columns=["prompt_id", "dataset"]):
+            if left <= 0:
+                return
+            b = b.slice(0, left)
+            left -= b.num_rows
+            yield b.column(0).to_pylist(), [d or "" for d in b.column(1).to_pylist()]
+
+    def rows_at(self, wanted: list[int]) -> dict[int, Prompt]:
+        """The prompts at these row numbers, parsed, reading the file batch by batch."""
+        import pyarrow.parquet as pq
+
+        from draftgate.client.request import prompt_from_row
+
+        out, start, todo = {}, 0, sorted(i for i in wanted if i < len(self))
+        for b in pq.ParquetFile(self.path, pre_buffer=False).iter_batches(
+                batch_size=self.batch, columns=["prompt_id", "dataset", "messages", "tools"]):
+            here = [i for i in todo if start <= i < start + b.num_rows]
+            if here:
+                for i, row in zip(here, b.take([i - start for i in here]).to_pylist()):
+                    out[i] = prompt_from_row(row, f"{self.path}:row {i}")
+            start += b.num_rows
+            if not todo or start > todo[-1]:
+                break
+        return out
 
     def __call__(self) -> Iterator[Prompt]:
         import pyarrow.parquet as pq
@@ -164,56 +196,81 @@ class TableStats:
 
 def write_responses(out: str | Path, prompts: Callable[[], Iterator[Prompt]], hash_of: Callable[[Prompt], str],
                     journal_path: str | Path, stop_reason: str | None = None, batch: int = 4096,
-                    hashes: bytes = b"", index: Any = None) -> TableStats:
+                    hashes: bytes = b"", index: Any = None, keys: bytes = b"") -> TableStats:
     """`responses_table`'s rows, streamed to `out` (atomic): prompts in order, each prompt's chosen
     journal line read by its byte range (journal.JournalIndex, asked a batch of prompts at a time),
     a batch in memory at a time. `hashes`/`index`: what the run already computed (run.RunResult),
-    else they are redone; with `hashes`, a PromptFile's messages are not even read (`ids`)."""
+    else they are redone; with `hashes`, a PromptFile's messages are not even read (`id_batches`).
+    `keys`: digest64 of each prompt id (run.RunResult.key_bytes), else recomputed."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from draftgate import schema
-    from draftgate.client.journal import JournalIndex, digest64, hash64_array
+    from draftgate.client.journal import JournalIndex, digest64, hash64_array, loads_clean
     from draftgate.io import atomic_path
 
     index = index if index is not None else JournalIndex.scan(journal_path)
     stats = TableStats()
     fields = schema.responses()
-    take = itemgetter(*fields.names)    # every row has every field (_row, _unsent)
-    source = prompts.ids if hashes and isinstance(prompts, PromptFile) else prompts
+    all_keys = np.frombuffer(keys, dtype=np.uint64) if keys else None
 
-    def flush(w: Any, chunk: list[Prompt], start: int) -> None:
-        hs = hashes[32 * start:32 * (start + len(chunk))] if hashes else \
-            b"".join(bytes.fromhex(hash_of(p)) for p in chunk)
-        at = index.lookup([digest64(p.prompt_id) for p in chunk], hash64_array(hs))
-        rows = []
-        for j, (p, where) in enumerate(zip(chunk, index.where(at))):
-            h = hs[32 * j:32 * j + 32].hex()
-            row = _row(p, h, *JournalIndex.read_clean(jf, where)) if where else _unsent(p, h, stop_reason)
-            stats.rows += 1
-            stats.ok += row["status"] == "ok"
-            if row["failure_reason"] is not None:
-                stats.failure_reasons[row["failure_reason"]] += 1
-            stats.cost_usd += row["cost_usd"] or 0.0
-            rows.append(row)
-        # Columns, not a dict per row: pyarrow builds them ~2.5x faster.
-        columns = zip(*map(take, rows)) if rows else [[] for _ in fields]
-        w.write_table(pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(columns, fields)],
-                                           schema=fields))
-
-    with atomic_path(out) as tmp, pq.ParquetWriter(tmp, fields) as w, \
-            contextlib.ExitStack() as stack:
-        jf = stack.enter_context(open(journal_path, "rb")) if index.records else None
+    def batches() -> Iterator[tuple[list[str], list[str], bytes]]:
+        """(prompt ids, datasets, their request hashes as 32 bytes each), a batch at a time."""
+        if hashes and isinstance(prompts, PromptFile):
+            start = 0
+            for pids, datasets in prompts.id_batches():
+                yield pids, datasets, hashes[32 * start:32 * (start + len(pids))]
+                start += len(pids)
+            return
         chunk: list[Prompt] = []
-        start = 0
-        for p in source():
+        for p in prompts():
             chunk.append(p)
             if len(chunk) >= batch:
-                flush(w, chunk, start)
-                start, chunk = start + len(chunk), []
-        if chunk or not stats.rows:
-            flush(w, chunk, start)
+                yield _listed(chunk, hash_of, hashes, stats.rows)
+                chunk = []
+        yield _listed(chunk, hash_of, hashes, stats.rows)
+
+    def flush(w: Any, pids: list[str], datasets: list[str], hs: bytes) -> None:
+        start = stats.rows
+        ks = all_keys[start:start + len(pids)] if all_keys is not None else [digest64(p) for p in pids]
+        offs, lens = index.spans(index.lookup(ks, hash64_array(hs)))
+        hexed = hs.hex()
+        rows = []
+        for j, (pid, ds, off, n) in enumerate(zip(pids, datasets, offs.tolist(), lens.tolist())):
+            h = hexed[64 * j:64 * j + 64]
+            if off < 0:
+                rows.append(_unsent(pid, ds, h, stop_reason))
+                continue
+            raw = os.pread(fd, n, off)
+            rec, clean = loads_clean(raw)
+            rows.append(_row(pid, ds, h, rec if rec is not None else json.loads(raw), clean))
+        stats.rows += len(rows)
+        status, reasons, costs = (list(c) for c in zip(*((r[STATUS], r[FAILURE_REASON], r[COST]) for r in rows))) \
+            if rows else ([], [], [])
+        stats.ok += status.count("ok")
+        stats.failure_reasons.update(r for r in reasons if r is not None)
+        stats.cost_usd += sum(c for c in costs if c)
+        # Columns, not a dict per row: pyarrow builds them ~2.5x faster.
+        columns = zip(*rows) if rows else [[] for _ in fields]
+        w.write_table(pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, fields)],
+                                           schema=fields))
+
+    with atomic_path(out) as tmp, pq.ParquetWriter(tmp, fields) as w, contextlib.ExitStack() as stack:
+        # Each chosen line is one pread: no seek, no buffer. (A memory map reads no faster, and
+        # every page it touched would count in the stage's RSS.)
+        fd = stack.enter_context(open(journal_path, "rb")).fileno() if index.records else -1
+        for pids, datasets, hs in batches():
+            if pids or not stats.rows:
+                flush(w, pids, datasets, hs)
     return stats
+
+
+def _listed(chunk: list[Prompt], hash_of: Callable[[Prompt], str], hashes: bytes,
+            start: int) -> tuple[list[str], list[str], bytes]:
+    hs = hashes[32 * start:32 * (start + len(chunk))] if hashes else \
+        b"".join(bytes.fromhex(hash_of(p)) for p in chunk)
+    return [p.prompt_id for p in chunk], [p.dataset for p in chunk], hs
 
 
 def read_prompts(path: str) -> list[Prompt]:
