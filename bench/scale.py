@@ -48,6 +48,10 @@ def synthetic_prompts(path: Path, n: int) -> None:
 def params(url: str, concurrency: int) -> dict:
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["prompts"].update(datasets=["synth"], heldout_fraction=0.1, max_prompts=None)
+    # The canned answer carries reasoning: a thinking template renders it (chatml has no think
+    # block and would quarantine every row, measuring nothing of the reconstruction).
+    p["tokenizer"].update(kind="qwen3", path=None, expected_ids={})
+    p["template"].update(name="qwen3", thinking=True)
     p["generate"].update(backend="openai", base_url=url, model="canned", concurrency=concurrency,
                          max_tokens=16, max_attempts=2, timeout_s=120.0, limit=None)
     # The canned server returns no ids: a text-only backend, whose billing convention is declared.
@@ -117,6 +121,10 @@ def run_size(n: int, url: str, concurrency: int, work: Path, stages: tuple[str, 
               file=sys.stderr)
         if r["rc"] not in (0, 1):      # 1: a gate that failed still ran to the end
             raise SystemExit(f"{stage} failed at n={n}:\n{r['tail']}")
+        if stage == "reconstruct":    # what was measured must be the reconstruction, not quarantine
+            kept = json.loads((d / "m_reconstruct.json").read_text())["rows_out"]
+            if kept < 0.99 * n:
+                raise SystemExit(f"reconstruct kept {kept} of {n} rows at n={n}: {d / 'm_reconstruct.details.json'}")
     return out
 
 
