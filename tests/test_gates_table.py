@@ -8,6 +8,8 @@ import json
 
 from gate_files import validate, write_json, write_parquet
 
+ROWS = [{"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1}}]
+
 
 def test_a_view_over_prompts_and_jsonl_rejects_gates_the_rejects_rate(tmp_path):
     prompts = write_parquet(tmp_path / "prompts.parquet", {"prompt_id": ["a", "b", "c"], "split": ["train"] * 3})
@@ -71,7 +73,7 @@ def test_table_level_column_checks_see_every_column_name_while_only_read_columns
     assert json.loads(result.read_text())["columns_loaded"] == ["prompt_id"]
 
 
-def test_a_gate_that_stops_on_a_bad_view_or_check_leaves_no_spill_directory(tmp_path, monkeypatch):
+def test_a_gate_that_stops_on_a_bad_view_or_check_leaves_no_spill_directory(tmp_path, monkeypatch, capsys):
     import tempfile
 
     spill = tmp_path / "tmp"
@@ -79,9 +81,43 @@ def test_a_gate_that_stops_on_a_bad_view_or_check_leaves_no_spill_directory(tmp_
     monkeypatch.setattr(tempfile, "tempdir", str(spill))
     prompts = write_parquet(tmp_path / "prompts.parquet", {"prompt_id": ["a"], "split": ["train"]})
     bad_view = write_json(tmp_path / "v.json", {"name": "prompts", "view": "SELECT * FROM missing",
-                                                "expectations": []})
+                                                "expectations": ROWS})
     bad_check = write_json(tmp_path / "c.json", {"name": "prompts", "view": "SELECT * FROM prompts",
                                                  "expectations": [{"type": "expect_no_such_thing", "kwargs": {}}]})
     assert validate(bad_view, prompts, "--no-docs") == 2
+    assert "view does not run" in capsys.readouterr().err
     assert validate(bad_check, prompts, "--no-docs") == 2
     assert list(spill.iterdir()) == []
+
+
+def test_relations_are_created_in_order_and_a_materialized_one_is_computed_once(tmp_path):
+    prompts = write_parquet(tmp_path / "prompts.parquet", {"prompt_id": ["a", "b", "c"], "n": [1, 2, 6]})
+    suite = write_json(tmp_path / "s.json", {
+        "name": "prompts",
+        "relations": [{"name": "doubled", "sql": "SELECT prompt_id, 2 * n AS m FROM prompts"},
+                      {"name": "total", "sql": ["SELECT sum(m) AS s", "FROM doubled"], "materialize": True}],
+        "view": "SELECT d.prompt_id, d.m / t.s AS share FROM doubled AS d CROSS JOIN total AS t",
+        "expectations": [{"type": "expect_column_sum_to_be_between",
+                          "kwargs": {"column": "share", "min_value": 0.999, "max_value": 1.001}},
+                         {"type": "expect_column_max_to_be_between",
+                          "kwargs": {"column": "share", "min_value": 0.66, "max_value": 0.67}}]})
+    result = tmp_path / "r.json"
+    assert validate(suite, prompts, "--result", result, "--no-docs") == 0
+    assert json.loads(result.read_text())["rows"] == 3
+
+
+def test_a_relation_that_does_not_run_or_is_malformed_stops_the_gate_naming_it(tmp_path, capsys):
+    prompts = write_parquet(tmp_path / "prompts.parquet", {"prompt_id": ["a"]})
+    broken = write_json(tmp_path / "b.json", {"name": "prompts", "view": "SELECT * FROM agg",
+                                              "relations": [{"name": "agg", "sql": "SELECT nope FROM prompts",
+                                                             "materialize": True}],
+                                              "expectations": ROWS})
+    assert validate(broken, prompts, "--no-docs") == 2
+    assert "relation 'agg' does not run" in capsys.readouterr().err
+    for bad, says in (([{"name": "1x", "sql": "SELECT 1"}], "needs a \"name\""),
+                      ([{"name": "x", "sql": "SELECT 1", "materialise": True}], "unknown key 'materialise'"),
+                      ({"x": "SELECT 1"}, "must be a list")):
+        suite = write_json(tmp_path / "m.json", {"name": "prompts", "view": "SELECT 1 AS one", "relations": bad,
+                                                 "expectations": ROWS})
+        assert validate(suite, prompts, "--no-docs") == 2
+        assert says in capsys.readouterr().err

@@ -5,6 +5,8 @@
      "table": "checks",                     # JSON document artifact: validate the list under it
      "view": "SELECT ... FROM tokens",      # DuckDB SQL over the named inputs (or a list of lines)
      "compute": "hidden",                   # a registered producer's side tables, for the view (compute.py)
+     "relations": [{"name": "x", "sql": "SELECT ..."},              # named relations the view reads,
+                   {"name": "agg", "sql": "...", "materialize": true}],   # in order (see Relation)
      "expectations": [{"type": "expect_column_values_to_not_be_null",
                        "kwargs": {"column": "prompt_id"}, "meta": {...}}]}
 
@@ -25,7 +27,8 @@ from typing import Any
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SUITES_DIR = "expectations"   # where a suite named on the command line lives, from the working directory
 
-SUITE_KEYS = ("name", "expectations", "table", "view", "params_section", "meta", "compute")
+SUITE_KEYS = ("name", "expectations", "table", "view", "params_section", "meta", "compute", "relations")
+RELATION_KEYS = ("name", "sql", "materialize", "meta")
 EXPECTATION_KEYS = ("type", "kwargs", "meta", "description")
 # Kwargs that name the columns an expectation reads.
 COLUMN_KEYS = ("column", "column_A", "column_B", "denominator_column")
@@ -48,6 +51,18 @@ class ExpectationSpec:
 
 
 @dataclass(frozen=True)
+class Relation:
+    """A named relation the view reads, created in order before it. A view (the default) is
+    recomputed wherever it is read, so its rows stream; `materialize` makes a table, computed once:
+    for small aggregates over many rows that the view joins back. One SQL query that both
+    aggregates its rows and joins the figures back holds every row until the aggregates are done
+    (the tokens view held ~370 MB at 500K rows); split so, the rows stream twice instead."""
+    name: str
+    sql: str
+    materialize: bool = False
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     path: str
@@ -58,6 +73,7 @@ class Suite:
     view: str | None = None
     meta: dict = field(default_factory=dict)
     compute: str | None = None      # a producer in draftgate/gates/compute.py PRODUCERS
+    relations: tuple[Relation, ...] = ()
 
 
 # ------------------------------------------------------------ suite
@@ -98,9 +114,35 @@ def parse_suite(doc: Any, path: str = "suite", sha256: str = "") -> Suite:
         raise GateError(f"{path}: \"compute\" needs a \"view\": the computed tables are relations the view reads")
     if not isinstance(doc.get("meta", {}), dict):
         raise GateError(f"{path}: \"meta\" must be a JSON object")
+    relations = _relations(doc.get("relations", []), path)
+    if relations and not view:
+        raise GateError(f"{path}: \"relations\" needs a \"view\": they are relations the view reads")
     return Suite(name=name, path=path, sha256=sha256, expectations=tuple(specs),
                  params_section=doc.get("params_section") or name, table=doc.get("table"), view=view,
-                 meta=doc.get("meta", {}), compute=doc.get("compute"))
+                 meta=doc.get("meta", {}), compute=doc.get("compute"), relations=relations)
+
+
+def _relations(items: Any, path: str) -> tuple[Relation, ...]:
+    if not isinstance(items, list):
+        raise GateError(f"{path}: \"relations\" must be a list of {{\"name\", \"sql\", \"materialize\"}}")
+    out = []
+    for i, item in enumerate(items):
+        where = f"{path}: relations[{i}]"
+        if not isinstance(item, dict):
+            raise GateError(f"{where}: must be an object with \"name\" and \"sql\"")
+        bad = [k for k in item if k not in RELATION_KEYS]
+        if bad:
+            raise GateError(f"{where}: unknown key {bad[0]!r}; allowed keys: {', '.join(RELATION_KEYS)}")
+        name, sql = item.get("name"), item.get("sql")
+        if isinstance(sql, list) and sql and all(isinstance(line, str) for line in sql):
+            sql = "\n".join(sql)
+        if not isinstance(name, str) or not NAME_RE.match(name) or not isinstance(sql, str) or not sql.strip():
+            raise GateError(f"{where}: needs a \"name\" (letters, digits, _) and its \"sql\" (a string or "
+                            "a list of lines)")
+        if not isinstance(item.get("materialize", False), bool):
+            raise GateError(f"{where}: \"materialize\" must be true or false")
+        out.append(Relation(name, sql, item.get("materialize", False)))
+    return tuple(out)
 
 
 def find_suite(ref: str, suites_dir: str | Path = SUITES_DIR) -> Path:

@@ -236,7 +236,7 @@ def fingerprints(loaded: Loaded) -> Future:
 
 def load_table(inputs: list[Input], *, table_key: str | None = None, view: str | None = None,
                wanted: set[str] | None = None, all_names: bool = False, where: str = "suite",
-               computed: dict[str, Any] | None = None) -> Loaded:
+               computed: dict[str, Any] | None = None, relations: tuple = ()) -> Loaded:
     """The validated table: the first input (or `view` over all inputs), only `wanted` columns.
 
     Nothing is read here but schemas and row counts: `Loaded.batches()` streams the rows.
@@ -250,7 +250,7 @@ def load_table(inputs: list[Input], *, table_key: str | None = None, view: str |
         source: Source = ParquetSource(inputs[0], files_of[0])
         facts[0]["rows"] = source.count()
     else:
-        source = DuckSource(inputs, files_of, facts, table_key, view, where, computed or {})
+        source = DuckSource(inputs, files_of, facts, table_key, view, where, computed or {}, relations)
     columns = source.columns
     keep = [c for c in columns if wanted is None or c in wanted]
     return Loaded(source=source, columns=columns, loaded=keep, inputs=facts, files=files_of,
@@ -346,19 +346,42 @@ class DuckSource(Source):
     """Views, JSONL, JSON documents: every input becomes a DuckDB relation named after it; the
     table streams out of DuckDB as Arrow batches."""
 
-    def __init__(self, inputs, files_of, facts, table_key, view, where, computed):
-        import duckdb
-
+    def __init__(self, inputs, files_of, facts, table_key, view, where, computed, relations=()):
         self.tmp: list[str] = []
         self.con = _duck(self.tmp)
         self.where = where
+        self.limit = DUCKDB_MEMORY_MB
         try:
-            self.attach(inputs, files_of, facts, table_key, view, where, computed)
+            self.attach(inputs, files_of, facts, table_key, view, where, computed, relations)
         except BaseException:
             self.close()   # a view that does not run must not leave its spill directory behind
             raise
 
-    def attach(self, inputs, files_of, facts, table_key, view, where, computed) -> None:
+    def create(self, r: Any) -> None:
+        """A suite's relation (suite.Relation), before the view that reads it."""
+        import duckdb
+
+        kind = "TABLE" if r.materialize else "VIEW"
+        try:
+            self.grown(lambda: self.con.execute(f"CREATE TEMP {kind} {_ident(r.name)} AS {r.sql}"))
+        except duckdb.Error as e:
+            raise GateError(f"{self.where}: relation {r.name!r} does not run: {_one_line(e)}") from None
+
+    def grown(self, run: Any) -> Any:
+        """run(), rerun with twice DuckDB's memory limit while an operator that cannot spill runs
+        out of it (DUCKDB_RETRIES times at most)."""
+        import duckdb
+
+        for attempt in range(DUCKDB_RETRIES + 1):
+            try:
+                return run()
+            except duckdb.OutOfMemoryException:
+                if attempt == DUCKDB_RETRIES:
+                    raise
+                self.limit *= 2
+                self.con.execute(f"SET memory_limit = '{self.limit}MB'")
+
+    def attach(self, inputs, files_of, facts, table_key, view, where, computed, relations) -> None:
         import duckdb
 
         con = self.con
@@ -366,6 +389,8 @@ class DuckSource(Source):
             register_input(con, inp, files, table_key if inp is inputs[0] else None)
         for name, table in computed.items():
             con.register(name, table)
+        for r in relations:
+            self.create(r)
         self.source = f"({view})" if view else _ident(inputs[0].name)
         try:
             self.columns = list(con.sql(f"SELECT * FROM {self.source} AS t LIMIT 0").columns)
@@ -390,21 +415,15 @@ class DuckSource(Source):
             yield None
             return
         query = f"SELECT {', '.join(map(_ident, keep))} FROM {self.source} AS t"
-        limit = DUCKDB_MEMORY_MB
+
+        def start() -> tuple[Any, list]:   # the view's pipeline breakers run before the first batch
+            reader = self.con.sql(query).to_arrow_reader(BATCH_ROWS)
+            try:
+                return reader, [reader.read_next_batch()]
+            except StopIteration:
+                return reader, []
         try:
-            for attempt in range(DUCKDB_RETRIES + 1):
-                try:   # the view's pipeline breakers run before the first batch comes out
-                    reader = self.con.sql(query).to_arrow_reader(BATCH_ROWS)
-                    first = [reader.read_next_batch()]
-                except StopIteration:
-                    first = []
-                except duckdb.OutOfMemoryException:
-                    if attempt == DUCKDB_RETRIES:
-                        raise
-                    limit *= 2
-                    self.con.execute(f"SET memory_limit = '{limit}MB'")
-                    continue
-                break
+            reader, first = self.grown(start)
             yield from first
             yield from reader
             yield pa.RecordBatch.from_pylist([], schema=reader.schema)   # see ParquetSource

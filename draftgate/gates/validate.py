@@ -87,7 +87,8 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
         timings["compute_s"] = lap("compute_cpu_s")
     wanted, all_names = columns_read(suite)
     loaded = load_table(inputs, table_key=suite.table, view=suite.view, wanted=wanted, all_names=all_names,
-                        where=suite.path, computed=computed.tables if computed else None)
+                        where=suite.path, computed=computed.tables if computed else None,
+                        relations=suite.relations)
     timings["load_s"] = lap("load_cpu_s")
     try:
         hashing = fingerprints(loaded)
