@@ -130,14 +130,14 @@ def json_table(inp: Input, path: Path, table_key: str | None):
 # in pandas, a prompts row with its messages ~0.5 KB: a batch stays in the tens of MB whatever the
 # table's size (docs/great-expectations.md, "Gates in bounded memory").
 BATCH_ROWS = 32_768
-# DuckDB's own memory for a view's joins, windows and group-bys (a view that aggregates over all
-# rows and joins the figures back, as the tokens suite's does, holds its rows before the first one
-# comes out): beyond it DuckDB spills to a temporary directory rather than grow with the table. An
-# operator that cannot spill and needs more makes the query retry with twice the limit
-# (DuckSource), so the cap costs memory, never a verdict. 128 MB: the responses view's windows over
-# 500K rows held ~220 MB at 256 (peak RSS 1.56x that of 50K rows) and spill at 128 (1.41x); the
-# tokens view asks for one 512 MB block at 128 and runs at 256 (bench/scale.py). The doubling
-# stops at 4 GB.
+# DuckDB's own memory for a view's joins, windows and group-bys: beyond it DuckDB spills to a
+# temporary directory rather than grow with the table. An operator that cannot spill and needs
+# more makes the statement retry with twice the limit (DuckSource.grown), so the cap costs memory,
+# never a verdict. 128 MB: the responses view's windows over 500K rows held ~220 MB at 256 (peak
+# RSS 1.56x that of 50K rows) and spill at 128 (1.41x). A view that aggregates all rows and joins
+# the figures back holds its rows before the first comes out; the tokens suite computes those
+# figures as relations (suite.Relation) instead, and its rows stream (1.31x, bench/scale.py). The
+# doubling stops at 4 GB.
 DUCKDB_MEMORY_MB = 128
 DUCKDB_RETRIES = 5
 
