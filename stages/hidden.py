@@ -157,8 +157,6 @@ def _metrics(args, w, rows, manifest, plans, resumed, gathered, served, hp_dict,
         "resumed_shards": len(resumed.trusted), "computed_shards": sum(g["shards"] for g in gathered if g),
         "removed_files": len(resumed.removed),
         "extracted_tokens": extracted,
-        "tokens_per_s": round(extracted / wall, 1) if wall > 0 else 0.0,
-        "forward_tokens_per_s": round(extracted / forward, 1) if forward > 0 else 0.0,
         "world_size": w.size,
         "served_check_rows": served.get("checked", 0),
         "served_check": served.get("skipped", "the responses' request hashes name these weights"),
@@ -167,6 +165,9 @@ def _metrics(args, w, rows, manifest, plans, resumed, gathered, served, hp_dict,
         "layers": manifest["layers"],
         "removed": resumed.removed[:20],
     })
+    if extracted:   # a run that only resumed measured no throughput: no figure, rather than 0
+        m.figures.update(tokens_per_s=round(extracted / max(wall, 1e-9), 1),
+                         forward_tokens_per_s=round(extracted / max(forward, 1e-9), 1))
     m.params = {"hidden": hp_dict}
     m.write(args.metrics)
     print(f"hidden: {manifest['rows']} rows, {tokens:,} tokens in {len(manifest['shards'])} shards "

@@ -102,6 +102,7 @@ def test_bytes_per_token_stay_within_2_percent_of_the_features(clean):
     assert m["feature_bytes_per_token"] == 4 * 576 * 4
     assert 1.0 < m["bytes_ratio"] <= 1.02
     assert 0.0 <= m["padding_fraction"] < 0.5 and m["tokens"] == m["extracted_tokens"]
+    assert m["tokens_per_s"] > 0 and m["forward_tokens_per_s"] >= m["tokens_per_s"]
 
 
 def test_a_rerun_trusts_every_recorded_shard_and_recomputes_none(work, clean):
@@ -110,6 +111,7 @@ def test_a_rerun_trusts_every_recorded_shard_and_recomputes_none(work, clean):
     m = metrics_of(clean)
     assert m["resumed_shards"] == m["shards"] and m["computed_shards"] == 0
     assert (clean / "manifest.json").read_text() == before
+    assert "tokens_per_s" not in m          # nothing extracted: no throughput, rather than 0 tok/s
 
 
 def test_a_corrupted_shard_is_recomputed_and_the_rest_resumed(work, clean):
