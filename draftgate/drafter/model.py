@@ -289,9 +289,12 @@ class Eagle3Drafter(nn.Module):
 
     @torch.no_grad()
     def chain(self, context_ids: torch.Tensor, aux: torch.Tensor, k: int,
-              forced: list[int] | None = None) -> tuple[list[int], list[torch.Tensor]]:
+              forced: list[int] | None = None,
+              cache: StepZeroCache | None = None) -> tuple[list[int], list[torch.Tensor]]:
         """`propose`'s chain and the pre-norm hidden state of each step; `forced` feeds these
-        target ids instead of the drafted ones (teacher forcing: what training's steps see)."""
+        target ids instead of the drafted ones (teacher forcing: what training's steps see).
+        `cache`: the step-0 keys and values of the context positions seen by earlier calls on a
+        context this one continues (StepZeroCache); only the new positions are computed."""
         ids = torch.as_tensor(context_ids, dtype=torch.long).flatten()
         n = int(ids.shape[0])
         if k <= 0:
@@ -301,14 +304,24 @@ class Eagle3Drafter(nn.Module):
                              f"{n} ids and aux for {aux.shape[0]} positions")
         dev = self.fc.weight.device
         m = n - 1
-        ids = ids.to(dev)
         layer, attn = self.midlayer, self.midlayer.self_attn
-        hidden = self.fuse(aux[:m].to(dev))[None]                    # [1,m,H]
-        x = layer.inputs(self.embed_tokens(ids[1:n])[None], hidden)
-        cos, sin = self._rope(torch.arange(m, device=dev)[None], x)
+        done = cache.usable(ids.tolist()) if cache is not None else 0
+        if cache is not None and done >= m:
+            cache = None              # nothing new to append: this call computes it all, uncached
+            done = 0
+        hidden = self.fuse(aux[done:m].to(dev))[None]                # [1,new,H]
+        x = layer.inputs(self.embed_tokens(ids[done + 1:n].to(dev))[None], hidden)
+        cos, sin = self._rope(torch.arange(done, m, device=dev)[None], x)
         q, keys, values = attn.project(x, cos, sin)
-        o = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
-        h = layer.finish(attn.out(o), hidden)[:, -1:]                # [1,1,H]
+        if cache is None:
+            o = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+            h = layer.finish(attn.out(o), hidden)[:, -1:]            # [1,1,H]
+        else:
+            if done:
+                keys, values = torch.cat([cache.keys, keys], dim=2), torch.cat([cache.values, values], dim=2)
+            cache.keep(ids.tolist(), keys, values)
+            o = F.scaled_dot_product_attention(q[:, :, -1:], keys, values)   # the last query sees all
+            h = layer.finish(attn.out(o), hidden[:, -1:])
         out: list[int] = []
         hiddens = [h[0, 0]]
         for i in range(1, k + 1):
@@ -326,6 +339,29 @@ class Eagle3Drafter(nn.Module):
             h = layer.finish(attn.out(o), h)
             hiddens.append(h[0, 0])
         return out, hiddens
+
+
+@dataclass
+class StepZeroCache:
+    """Step-0 keys and values of the context positions a drafter has seen, for drafting after
+    each verify step without recomputing the whole context (evaluate/proposers.py). A position's
+    step-0 input, the fused aux of position t with the embedding of token t+1, never changes once
+    accepted, so its keys and values hold while the context only grows."""
+    ids: list[int] = field(default_factory=list)
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+    def usable(self, ids: list[int]) -> int:
+        """Positions whose keys and values hold for this context (0: start over)."""
+        done = 0 if self.keys is None else int(self.keys.shape[2])
+        return done if done and ids[:done + 1] == self.ids[:done + 1] else self.reset()
+
+    def reset(self) -> int:
+        self.ids, self.keys, self.values = [], None, None
+        return 0
+
+    def keep(self, ids: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.ids, self.keys, self.values = ids, keys, values
 
 
 def _shift(ids: torch.Tensor, by: int) -> torch.Tensor:

@@ -90,68 +90,29 @@ class Eagle3Proposer:
     """The EAGLE-3 drafter (draftgate.drafter) over the target's aux features.
 
     `Eagle3Drafter.propose` recomputes its step-0 layer over the whole context on every call
-    (~1.8 GFLOP at 150 positions, more than the target's 5-token verify). Here, with `cached`,
-    the step-0 keys and values of the context positions are kept between calls (a position's
-    step-0 input, the fused aux of position t with the embedding of token t+1, never changes once
-    accepted) and only new positions, the last query and the draft chain are computed, with the
-    drafter's own modules in the order its `chain` uses them; a test holds the drafts equal to
-    `propose`'s. One object per prompt (the loop creates them per row).
+    (~1.8 GFLOP at 150 positions, more than the target's 5-token verify). With `cached`, the
+    drafter keeps the step-0 keys and values of the context positions between calls
+    (model.StepZeroCache) and computes only new positions, the last query and the draft chain;
+    a test holds the drafts equal to the uncached ones. One object per prompt (the loop creates
+    them per row).
     """
 
     name = "eagle3"
     needs_aux = True
 
     def __init__(self, drafter: Any, cached: bool = True):
+        from draftgate.drafter.model import StepZeroCache
+
         self.drafter = drafter
         self.cached = cached
-        self._ids: list[int] = []
-        self._keys = self._values = None
+        self.cache = StepZeroCache()
 
     def start(self, prompt: Sequence[int]) -> None:
-        self._ids, self._keys, self._values = [], None, None
+        self.cache.reset()
 
     def propose(self, ids: Sequence[int], aux: Any, k: int) -> list[int]:
         import torch
 
         with torch.inference_mode():
-            if not self.cached:
-                context = torch.tensor(list(ids), dtype=torch.long, device=aux.device)
-                return [int(t) for t in self.drafter.propose(context, aux, k)]
-            return self._cached_chain(list(ids), aux, k)
-
-    def _cached_chain(self, ids: list[int], aux: Any, k: int) -> list[int]:
-        import torch
-        import torch.nn.functional as F
-
-        d = self.drafter
-        layer, attn = d.midlayer, d.midlayer.self_attn
-        dev = d.fc.weight.device
-        m = len(ids) - 1                                   # positions 0..m-1 pair aux[t] with ids[t+1]
-        done = 0 if self._keys is None else self._keys.shape[2]
-        if done and ids[:done + 1] != self._ids[:done + 1]:
-            done, self._keys, self._values = 0, None, None   # not a continuation: start over
-        if m < 1 or done >= m:
-            context = torch.tensor(ids, dtype=torch.long, device=dev)
-            return [int(t) for t in d.propose(context, aux, k)]
-        hidden = d.fuse(aux[done:m].to(dev))[None]                                  # [1, new, H]
-        new_ids = torch.tensor(ids[done + 1:m + 1], dtype=torch.long, device=dev)[None]
-        x = layer.inputs(d.embed_tokens(new_ids), hidden)
-        cos, sin = d.rotary(x, torch.arange(done, m, device=dev)[None])
-        q, kk, vv = attn.project(x, cos, sin)
-        keys = kk if self._keys is None else torch.cat([self._keys, kk], dim=2)
-        values = vv if self._values is None else torch.cat([self._values, vv], dim=2)
-        self._keys, self._values, self._ids = keys, values, ids
-        o = F.scaled_dot_product_attention(q[:, :, -1:], keys, values)            # the last query sees all
-        h = layer.finish(attn.out(o), hidden[:, -1:])
-        out: list[int] = []
-        for i in range(1, k + 1):
-            token = d.to_target(d.logits(h)[0, -1].argmax())
-            out.append(int(token))
-            if i == k:
-                break
-            x = layer.inputs(d.embed_tokens(token.view(1, 1)), h)
-            cos, sin = d.rotary(x, torch.tensor([[m - 1 + i]], device=dev))
-            q, kk, vv = attn.project(x, cos, sin)
-            keys, values = torch.cat([keys, kk], dim=2), torch.cat([values, vv], dim=2)
-            h = layer.finish(attn.out(F.scaled_dot_product_attention(q, keys, values)), h)
-        return out
+            context = torch.tensor(list(ids), dtype=torch.long)
+            return self.drafter.chain(context, aux, k, cache=self.cache if self.cached else None)[0]
