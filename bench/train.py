@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from draftgate.config import load_params
     from draftgate.drafter import train as tr
-    from draftgate.drafter.run import build_model, resolve_device, Setup
+    from draftgate.device import resolve_device
+    from draftgate.drafter.run import build_model, Setup
     from draftgate.drafter.vocab import vocab_from_tokens
     from draftgate.hidden.reader import OfflineFeatures, OnlineFeatures, read_manifest
     from draftgate.hidden.shards import read_token_rows
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.io import write_json
 
     params = load_params(args.params)
-    device = resolve_device(params.drafter.device)
+    device = resolve_device(params.drafter.device, "drafter.device")
     target = load_target(params.hidden, device=device)
     manifest = read_manifest(args.hidden)
     vmap, prompt_ids, counts = vocab_from_tokens(args.tokens, params.drafter.splits,

@@ -82,7 +82,7 @@ def evaluate(params, args) -> dict:
     prompts = heldout_rows(args.tokens, ep.max_prompts)
     end_ids = end_ids_from_contract(args.contract)
     started = time.perf_counter()
-    target = load_target(params.hidden, ep.device)
+    target = load_target(params.hidden, ep.device, "eval.device")
     model, dev = target.model, target.device
     print(f"eval: {len(prompts)} held-out prompts, k={ep.k}, max_new_tokens={ep.max_new_tokens}, "
           f"device {dev}, target loaded in {time.perf_counter() - started:.1f} s")

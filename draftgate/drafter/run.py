@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgate.config import Params, as_dict
+from draftgate.device import DeviceError, resolve_device
 
 
 class RunError(ValueError):
@@ -28,16 +29,6 @@ class Setup:
     device: str
 
 
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RunError("drafter.device is 'cuda' but torch sees no CUDA device; set it to auto or cpu")
-    return device
-
-
 def setup(params: Params, hidden_dir: Path, tokens_path: Path, target: Any = None) -> Setup:
     """Target, features, and the draft vocabulary of the training rows."""
     from draftgate.drafter.vocab import VocabError, file_sha256, vocab_from_tokens
@@ -45,7 +36,10 @@ def setup(params: Params, hidden_dir: Path, tokens_path: Path, target: Any = Non
     from draftgate.hidden.shards import ShardError
     from draftgate.hidden.target import TargetError, load_target
 
-    device = resolve_device(params.drafter.device)
+    try:
+        device = resolve_device(params.drafter.device, "drafter.device")
+    except DeviceError as e:
+        raise RunError(str(e)) from None
     try:
         manifest = read_manifest(hidden_dir)
         sha = file_sha256(tokens_path)

@@ -53,7 +53,7 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
 
     from draftgate.hidden.target import load_target
 
-    target = load_target(params.hidden, ep.device)
+    target = load_target(params.hidden, ep.device, "eval.device")
     named = [pid for pid in dict.fromkeys(r["prompt_id"] for r in outputs) if pid in prompts]
     runs = greedy_all(target.model, target.device, [prompts[p].prompt for p in named], ep.max_new_tokens,
                       end_ids, ep.batch_size)

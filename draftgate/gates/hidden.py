@@ -130,7 +130,7 @@ def cached_target(hidden_params: Any, device: str) -> Any:
     if key not in _TARGETS:
         try:
             _TARGETS.clear()   # one target resident at a time
-            _TARGETS[key] = load_target(hidden_params, device)
+            _TARGETS[key] = load_target(hidden_params, device, "gates.hidden.device")
         except TargetError as e:
             raise GateError(str(e)) from None
     return _TARGETS[key]

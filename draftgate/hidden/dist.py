@@ -21,11 +21,11 @@ class World:
     def distributed(self) -> bool:
         return self.size > 1
 
-    def device(self, device: str) -> str:
+    def device(self, device: str, param: str = "hidden.device") -> str:
         """`auto`/`cuda` under torchrun: this rank's own GPU."""
-        from draftgate.serve.model import resolve_device
+        from draftgate.device import resolve_device
 
-        dev = resolve_device(device)
+        dev = resolve_device(device, param)
         return f"cuda:{self.local_rank}" if dev == "cuda" and self.distributed else dev
 
 

@@ -104,14 +104,15 @@ class Target:
                 "chat_template": self.chat_template_sha256}
 
 
-def load_target(hidden_params: HiddenParams, device: str | None = None) -> Target:
+def load_target(hidden_params: HiddenParams, device: str | None = None, param: str = "hidden.device") -> Target:
     """Load the target of `hidden_params` on `device` (default: the params' own, "auto" = CUDA
-    when present)."""
+    when present); `param` names the key that chose the device, for the error."""
     import torch
 
-    from draftgate.serve.model import _quiet_transformers, resolve_device
+    from draftgate.device import resolve_device
+    from draftgate.serve.model import _quiet_transformers
 
-    dev = resolve_device(device or hidden_params.device)
+    dev = resolve_device(device or hidden_params.device, param if device else "hidden.device")
     dtype = getattr(torch, hidden_params.compute_dtype)
     _quiet_transformers()
     if hidden_params.kind == "embedded":

