@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from draftgate.evaluate.stats import (
     PromptSteps, acceptance_length, accepted_fraction, bootstrap_ci, per_position,
     simulated_acceptance_length, vllm_acceptance_length)
@@ -50,3 +52,38 @@ def test_identical_prompts_give_a_zero_width_interval():
 def test_specforge_simulated_length_sums_the_products_of_step_accuracies():
     assert simulated_acceptance_length([0.5, 0.5, 1.0]) == 0.5 + 0.25 + 0.25
     assert simulated_acceptance_length([]) == 0.0
+
+
+def _run(emitted_per_prompt):
+    return [PromptSteps([4] * len(e), [x - 1 for x in e], e) for e in emitted_per_prompt]
+
+
+def test_two_arms_of_the_same_runs_differ_by_nothing_but_seed_noise():
+    from draftgate.evaluate.stats import arms_difference
+
+    one = _run([[1, 2, 1], [3, 1], [1, 1, 1, 2]])
+    assert arms_difference([one, one], [one, one, one], 500, 0) == pytest.approx((0.0, 0.0, 0.0), abs=1e-12)
+    runs = [one, _run([[2, 2, 1], [1, 1], [1, 2, 1, 2]])]
+    diff, lo, hi = arms_difference(runs, runs[::-1], 500, 0)
+    assert diff == 0.0 and lo < 0 < hi
+
+
+def test_a_better_arm_is_distinguished_from_prompt_and_seed_noise():
+    from draftgate.evaluate.stats import arms_difference
+
+    base = [[1, 2, 1, 1], [2, 1, 1], [1, 1, 3, 1], [1, 2], [2, 2, 1]]
+    a = [_run([[x + d for x in p] for p in base]) for d in (0, 0)]
+    b = [_run([[x + 1 for x in p] for p in base]) for _ in range(3)]
+    diff, lo, hi = arms_difference(a, b, 2000, 0)
+    assert diff == pytest.approx(1.0) and lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
+    # Seeds that disagree by as much as the arms do: the interval widens to take in zero.
+    noisy = [_run([[x + d for x in p] for p in base]) for d in (0, 2)]
+    diff, lo, hi = arms_difference(noisy, b, 2000, 0)
+    assert diff == pytest.approx(0.0) and lo < 0 < hi
+
+
+def test_arms_over_other_prompts_are_refused():
+    from draftgate.evaluate.stats import arms_difference
+
+    with pytest.raises(ValueError, match="same prompts"):
+        arms_difference([_run([[1], [2]])], [_run([[1]])], 10, 0)

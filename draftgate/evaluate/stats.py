@@ -9,7 +9,7 @@ matters for the n-gram proposer).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,39 @@ def bootstrap_ci(runs: Sequence[PromptSteps], samples: int, seed: int,
     tail = (1.0 - level) / 2 * 100
     lo, hi = np.percentile(ratios, [tail, 100 - tail])
     return (float(lo), float(hi))
+
+
+def arms_difference(a: Sequence[Sequence[PromptSteps]], b: Sequence[Sequence[PromptSteps]], samples: int,
+                    seed: int, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean acceptance length of arm b's runs minus arm a's, and its percentile interval).
+
+    An arm is several runs that differ only in a training seed; every run holds the same prompts
+    in the same order. The bootstrap resamples the prompts (the same picks for every run: paired)
+    and each arm's runs, so the interval holds both the prompt noise and the seed-to-seed noise.
+    """
+    import numpy as np
+
+    def arrays(arm: Sequence[Sequence[PromptSteps]]) -> tuple[Any, Any]:
+        tokens = np.array([[sum(p.emitted) for p in run] for run in arm], dtype=np.float64)
+        forwards = np.array([[len(p.emitted) for p in run] for run in arm], dtype=np.float64)
+        return tokens, forwards
+
+    (ta, fa), (tb, fb) = arrays(a), arrays(b)
+    if ta.shape[1:] != tb.shape[1:] or not ta.size or not tb.size:
+        raise ValueError(f"the arms' runs must hold the same prompts: {ta.shape} vs {tb.shape} (runs, prompts)")
+    point = float((tb.sum(1) / fb.sum(1)).mean() - (ta.sum(1) / fa.sum(1)).mean())
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, ta.shape[1], size=(samples, ta.shape[1]))
+
+    def means(tokens: Any, forwards: Any) -> Any:
+        per_run = tokens[:, picks].sum(-1) / forwards[:, picks].sum(-1)          # [runs, samples]
+        runs = rng.integers(0, tokens.shape[0], size=(samples, tokens.shape[0]))
+        return np.take_along_axis(per_run.T, runs, axis=1).mean(1)
+
+    diffs = means(tb, fb) - means(ta, fa)
+    tail = (1.0 - level) / 2 * 100
+    lo, hi = np.percentile(diffs[np.isfinite(diffs)], [tail, 100 - tail])
+    return point, float(lo), float(hi)
 
 
 def simulated_acceptance_length(step_accuracies: Sequence[float]) -> float:
