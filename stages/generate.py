@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate import client
     from draftgate.client import hashcache
     from draftgate.client.request import build_body, request_hash
+    from draftgate.client.budget import line_cost
+    from draftgate.client.journal import JournalIndex, index_path
     from draftgate.client.table import PromptFile, write_responses
     from draftgate.client.target import TargetError, target_for
     from draftgate.config import ParamsError, as_dict, load_params
@@ -71,15 +73,18 @@ def main(argv: list[str] | None = None) -> int:
 
     def hash_of(p: Any) -> str:
         return request_hash(build_body(p, gp), gp.backend, t.identity)
+    # The run's own scan when it appended nothing; else one scan now, kept beside the journal, so
+    # the next run reads only what is appended after this one.
+    index = result.index or JournalIndex.scan(journal, line_cost, cache=index_path(journal))
     stats = write_responses(out / "responses.parquet", prompts, hash_of, journal, result.stop_reason,
-                            hashes=result.hash_bytes, index=result.index, keys=result.key_bytes)
+                            hashes=result.hash_bytes, index=index, keys=result.key_bytes)
     metrics = StageMetrics("generate", rows_in=len(prompts), params=as_dict(gp))
     metrics.rows_out = stats.ok
     for reason, n in sorted(stats.failure_reasons.items()):
         metrics.drop(reason, n)
     metrics.figures.update(result.figures())
     metrics.figures["table_cost_usd"] = round(stats.cost_usd, 6)
-    metrics.figures.update(journal_figures(journal, result.index))
+    metrics.figures.update(journal_figures(journal, index))
     metrics.write(args.metrics)
     budget = f" of ${gp.budget_usd:.4f}" if gp.budget_usd else ""
     print(f"generate: {len(prompts)} prompts: {metrics.rows_out} ok, {len(prompts) - metrics.rows_out} not "
@@ -106,8 +111,8 @@ def target(params: Any, remote: Any) -> Iterator[Any]:
 
 def journal_figures(path: Path, index: Any = None) -> dict[str, Any]:
     """The journal's identity for the metrics: DVC does not cache it (journal.py explains).
-    `index`: the run's scan, when the run appended nothing; it hashed the journal's complete
-    lines, so a journal of just those bytes is not read twice."""
+    `index`: a scan of the journal; it hashed the complete lines it read, so a journal of just those
+    bytes is not read twice."""
     with contextlib.suppress(FileNotFoundError):
         if index is not None and index.complete_bytes == path.stat().st_size:
             return {"journal_sha256": index.complete_sha256, "journal_lines": index.complete_lines,

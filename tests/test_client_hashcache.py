@@ -114,3 +114,18 @@ def test_with_the_cache_a_rerun_still_sends_what_the_journal_lacks(tmp_path):
         assert server.requests == 50
     table = pq.read_table(Path(paths["out"]) / "responses.parquet").to_pylist()
     assert len(table) == 40 and all(r["status"] == "ok" for r in table)
+
+
+def test_a_first_run_leaves_the_journals_scan_so_the_next_run_parses_no_old_line(tmp_path, monkeypatch):
+    from draftgate.client import journal as journal_mod
+
+    with running(Script()) as server:
+        paths = workspace(tmp_path, 30, base_url=server.base_url)
+        assert generate.main(argv(paths)) == 0
+        assert (Path(paths["out"]) / "journal.jsonl.index").is_file()
+        parsed = []
+        real = journal_mod._parse
+        monkeypatch.setattr(journal_mod, "_parse", lambda b: parsed.append(b) or real(b))
+        assert generate.main(argv(paths)) == 0
+        assert server.requests == 30
+    assert parsed == []
