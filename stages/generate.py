@@ -4,10 +4,10 @@ python -m stages.generate --params params.yaml --prompts data/prompts/prompts.pa
     --gate data/gates/prompts.json --out data/responses --metrics metrics/generate.json
 
 The journal (`--journal`, default `<out>/journal.jsonl`) is append-only and survives reruns:
-finished prompts are skipped, so a crashed or stopped run resumes where it was. `generate.budget_usd` bounds the whole
-journal, every run together (draftgate/client/budget.py). With `backend: local` this stage starts
-the local server (draftgate.serve) for the run and passes its identity (weights, tokenizer,
-template fingerprints) into every request hash. The journal's line count, size and sha256 go into
+finished prompts are skipped, so a crashed or stopped run resumes where it was.
+`generate.budget_usd` bounds the whole journal, every run together (draftgate/client/budget.py).
+With `backend: local` this stage starts the local server (draftgate.serve) for the run and passes
+its identity (weights, tokenizer, template fingerprints) into every request hash. The journal's line count, size and sha256 go into
 the metrics: DVC versions the table; the journal is not a DVC output (journal.py says why).
 
 Exit 0 when every prompt in scope was attempted or the budget ran out (the responses gate judges

@@ -185,3 +185,19 @@ def test_a_cache_of_other_bytes_is_ignored_and_replaced(tmp_path):
     assert again.done("x1", "h") and not again.done("p1", "h")
     cache.write_bytes(b"garbage")
     _same_index(JournalIndex.scan(path, line_cost, cache=cache), again)
+
+
+def test_a_cached_scan_made_by_other_code_is_not_used(tmp_path):
+    from draftgate.client.budget import line_cost
+    from draftgate.client.journal import JournalIndex
+
+    path, cache = tmp_path / "journal.jsonl", tmp_path / "journal.jsonl.index"
+    asyncio.run(append_all(path, [line(f"p{i}", cost_usd=0.5) for i in range(10)]))
+    assert JournalIndex.scan(path, line_cost, cache=cache).spent_usd == 5.0
+    # Another cost rule (another module's code): the cached costs must not stand in for it.
+    assert JournalIndex.scan(path, _flat_cost, cache=cache).spent_usd == 10 * 0.125
+    assert JournalIndex.scan(path, line_cost, cache=cache).spent_usd == 5.0
+
+
+def _flat_cost(rec: dict) -> float:
+    return 0.125

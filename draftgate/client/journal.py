@@ -162,7 +162,8 @@ class JournalIndex:
         except FileNotFoundError:
             return idx._sorted()
         with f:
-            digest = idx._load_cache(f, cache, cost is not None) if cache else hashlib.sha256()
+            code = _derivation(cost) if cache else ""
+            digest = idx._load_cache(f, cache, code) if cache else hashlib.sha256()
             f.seek(idx.complete_bytes)
             off, first = idx.complete_bytes, idx.complete_bytes
             for n, line in enumerate(f, start=idx.complete_lines + 1):
@@ -181,12 +182,13 @@ class JournalIndex:
                     idx.complete_bytes, idx.complete_lines = off, n
             idx.complete_sha256 = digest.hexdigest()
         if cache and idx.complete_bytes > first:
-            idx._save_cache(cache, cost is not None)
+            idx._save_cache(cache, code)
         idx.spent_usd = float(sum(idx._cols["cost"]))
         return idx._sorted()
 
-    def _load_cache(self, f: Any, cache: str | Path, costed: bool) -> Any:
-        """Take the cached scan when it is of this journal's first bytes; return the running sha256."""
+    def _load_cache(self, f: Any, cache: str | Path, code: str) -> Any:
+        """Take the cached scan when it is of this journal's first bytes and was derived by this
+        code (`_derivation`); return the running sha256."""
         import numpy as np
 
         digest = hashlib.sha256()
@@ -198,7 +200,7 @@ class JournalIndex:
         except (OSError, ValueError, KeyError):
             return digest
         size = meta.get("bytes", -1)
-        if meta.get("costed") != costed or not 0 < size <= os.fstat(f.fileno()).st_size:
+        if meta.get("code") != code or not 0 < size <= os.fstat(f.fileno()).st_size:
             return digest
         left = size
         while left:
@@ -213,13 +215,13 @@ class JournalIndex:
         self.complete_bytes, self.complete_lines = size, meta["lines"]
         return digest
 
-    def _save_cache(self, cache: str | Path, costed: bool) -> None:
+    def _save_cache(self, cache: str | Path, code: str) -> None:
         import numpy as np
 
         from draftgate.io import atomic_path
 
         meta = {"bytes": self.complete_bytes, "lines": self.complete_lines, "sha256": self.complete_sha256,
-                "costed": costed}
+                "code": code}
         # Only the complete lines: a tail without its newline is read again next time (a record
         # then, or a bad line once terminated). Offsets grow with the lines.
         n = int(np.searchsorted(np.frombuffer(self._cols["off"], dtype=np.int64), self.complete_bytes))
@@ -326,6 +328,17 @@ class JournalIndex:
         raw = f.read(where[1])
         rec, clean = loads_clean(raw)
         return (rec, clean) if rec is not None else (json.loads(raw), False)   # json's own error
+
+
+def _derivation(cost: Any) -> str:
+    """What derives a scan's columns from the lines: this module (parsing, digests, the resume
+    rule) and the cost function's module. An edit to either makes a cached scan stale."""
+    import inspect
+
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    source = inspect.getsourcefile(cost) if cost is not None else None
+    h.update(Path(source).read_bytes() if source else b"no cost")
+    return h.hexdigest()
 
 
 def index_path(journal: str | Path) -> Path:
