@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from draftgate.io import file_sha256 as _read_sha256
 from draftgate.io import new_temp_dir, write_json
 
 CACHE_ENV = "DRAFTGATE_CACHE"
@@ -88,11 +89,7 @@ def file_sha256(path: Path) -> str:
 def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
     # Memoised per (path, size, mtime) within a process: the tokenizer and the model hash the
     # same 93 MB GGUF (~0.1 s each) to key their entries.
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+    return _read_sha256(path)
 
 
 def entry(name: str, build_key: str, build: Callable[[Path], None], *, inputs: dict[str, Any] | None = None,
@@ -145,9 +142,5 @@ def _hash_files(folder: Path) -> dict[str, str]:
     out = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
-            h = hashlib.sha256()
-            with open(p, "rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    h.update(block)
-            out[p.relative_to(folder).as_posix()] = h.hexdigest()
+            out[p.relative_to(folder).as_posix()] = _read_sha256(p)
     return out

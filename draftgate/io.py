@@ -10,11 +10,29 @@ Modes follow the umask, as `open()` would: files 0666 & ~umask, directories 0777
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
 from pathlib import Path
 from typing import Any, Iterator
+
+
+CHUNK = 1 << 20   # 1 MiB reads: hashing a 93 MB GGUF or a 1 GB shard holds one chunk in memory
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def text_sha256(text: str) -> str:
+    """Hex sha256 of a string's UTF-8 bytes (template texts, canonical JSON)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def new_temp_file(directory: Path, name: str) -> Path:

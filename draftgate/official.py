@@ -17,11 +17,12 @@ Where the official template comes from:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from draftgate.io import file_sha256, text_sha256
 
 
 class OfficialTemplateError(ValueError):
@@ -74,7 +75,7 @@ def official_template(tok: Any, kind: str, path: str | None = None) -> OfficialT
         hooks = sorted(d.glob("*.py")) if d is not None and d.is_dir() else []
         return OfficialTemplate(
             source=f"{d or 'hf_dir'}: chat_template", sha256=_sha(text),
-            hooks_sha256=_sha("".join(f"{p.name}\0{_file_sha(p)}\n" for p in hooks)) if hooks else None,
+            hooks_sha256=_sha("".join(f"{p.name}\0{file_sha256(p)}\n" for p in hooks)) if hooks else None,
             renderer=renderer)
     return None
 
@@ -89,8 +90,4 @@ def gguf_chat_template(gguf: Path) -> str | None:
 def _sha(text: str | dict) -> str:
     if isinstance(text, dict):  # several named templates (e.g. default + tool_use)
         text = json.dumps(text, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _file_sha(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
+    return text_sha256(text)

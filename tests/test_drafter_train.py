@@ -82,7 +82,7 @@ def test_a_checkpoint_with_other_params_is_refused(ws, tmp_path):
 
 def test_changed_data_with_an_old_map_is_refused_naming_both_hashes(ws, trained, tmp_path_factory, tmp_path):
     from draftgate.drafter.run import RunError
-    from draftgate.drafter.vocab import file_sha256
+    from draftgate.io import file_sha256
 
     other = shared_workspace(tmp_path_factory, "drafter_ws_other", n_rows=5)
     # Warm start from the export trained on the 8-row data, now on 5 rows: another map.

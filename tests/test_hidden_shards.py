@@ -16,7 +16,7 @@ import torch
 
 from draftgate.config import HiddenParams
 from draftgate.hidden.reader import OfflineFeatures
-from draftgate.hidden.shards import file_sha256
+from draftgate.io import file_sha256
 from hidden_fixtures import metrics_of, quarantined, stage_args, token_rows, write_gate, write_params, write_tokens
 from stages import hidden as stage
 

@@ -31,10 +31,11 @@ class Setup:
 
 def setup(params: Params, hidden_dir: Path, tokens_path: Path, target: Any = None) -> Setup:
     """Target, features, and the draft vocabulary of the training rows."""
-    from draftgate.drafter.vocab import VocabError, file_sha256, vocab_from_tokens
+    from draftgate.drafter.vocab import VocabError, vocab_from_tokens
     from draftgate.hidden.reader import open_features, read_manifest
     from draftgate.hidden.shards import ShardError
     from draftgate.hidden.target import TargetError, load_target
+    from draftgate.io import file_sha256
 
     try:
         device = resolve_device(params.drafter.device, "drafter.device")

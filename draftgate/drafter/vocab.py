@@ -20,6 +20,8 @@ from typing import Iterable
 
 import numpy as np
 
+from draftgate.io import file_sha256
+
 FORMAT = "draftgate.vocab/1"
 
 
@@ -116,11 +118,6 @@ def require_same(stored: VocabMap, current: VocabMap, what: str) -> None:
         f"map {current.map_sha256[:16]}: a drafter's LM head rows only mean something under the map it "
         "was trained with. Start fresh (delete the checkpoint, or unset drafter.init_from), or train "
         "on the data that map came from.")
-
-
-def file_sha256(path: str | Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def save(vmap: VocabMap, path: str | Path) -> None:

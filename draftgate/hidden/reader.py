@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
-from draftgate.hidden.shards import FORMAT, INDEX, MANIFEST, ShardError, TokenRows, file_sha256, plan_shards
+from draftgate.hidden.shards import FORMAT, INDEX, MANIFEST, ShardError, TokenRows, plan_shards
+from draftgate.io import file_sha256
 
 
 @dataclass

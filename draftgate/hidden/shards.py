@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from draftgate.io import atomic_path, write_json
+from draftgate.io import atomic_path, file_sha256, write_json
 
 FORMAT = "draftgate.hidden/1"
 MANIFEST = "manifest.json"
@@ -177,14 +177,6 @@ def _tokens_in(data: bytes) -> int:
 
 
 # ---------------------------------------------------------------- resume
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def stored_prompt_ids(path: Path) -> list[str]:
     from safetensors import safe_open
