@@ -70,8 +70,8 @@ def test_sglang_takes_an_optional_model_prefix_and_vllm_does_not():
 
 
 def gate(ws, trained: Path, tmp: Path, sglang: Path | None = None, speculators: Path | None = None) -> tuple[int, set]:
-    """The gate as dvc.yaml runs it: draftgate validate with the drafter producer."""
-    from draftgate.gates.validate import main as validate
+    """The gate as dvc.yaml runs it: its stage, which hands the engine the drafter check."""
+    from stages.gate_drafter import main as validate
 
     params = ws.params("gate.yaml", epochs=3)
     suite = Path(__file__).resolve().parents[1] / "expectations" / "drafter.json"

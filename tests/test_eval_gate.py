@@ -52,7 +52,7 @@ def staged(tmp_path_factory, smollm2_tok):
 
 
 def gate(work: Path, outputs: Path, params: Path) -> tuple[int, dict]:
-    from draftgate.gates.validate import main
+    from stages.gate_eval import main
 
     rc = main(["eval", str(outputs), "--input", f"tokens={work / 'tokens.parquet'}", "--params", str(params),
                "--no-docs", "--result", str(work / "result.json"), "--metric", str(work / "metric.json")])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftgate.gates.eval import steps_ok, stop_ok
+from draftgate.checks.eval import steps_ok, stop_ok
 
 END = frozenset([7])
 

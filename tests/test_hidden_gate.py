@@ -141,26 +141,18 @@ def test_features_for_another_tokens_table_fail_the_tokens_hash(world):
     assert failed(gate(world, out)) == {"tokens_hash_matches"}
 
 
-def test_gate_hidden_lists_every_module_its_producer_imports():
-    # The producer is imported by name (gates/compute.py), which the dvc.yaml deps walk cannot see.
-    import yaml
-    from test_dvc_deps import REPO, closure, covered, deps_of
-
-    from draftgate.gates.compute import PRODUCERS
-
-    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["gate_hidden"]
-    module = PRODUCERS["hidden"].partition(":")[0]
-    reached = closure([REPO / (module.replace(".", "/") + ".py")])
-    missing = sorted(p.relative_to(REPO).as_posix() for p in reached if not covered(p, deps_of(stage)))
-    assert not missing, f"add to gate_hidden's deps in dvc.yaml: {missing}"
-
-
-def test_a_suite_naming_an_unregistered_producer_gets_no_verdict(tmp_path):
-    from draftgate.gates.compute import run_producer
+def test_a_suite_naming_a_check_its_command_was_not_given_gets_no_verdict_naming_the_stage(tmp_path, capsys):
+    from draftgate.gates.compute import run_check
     from draftgate.gates.suite import GateError, parse_suite
+    from draftgate.gates.validate import main as validate
 
-    with pytest.raises(GateError, match="unknown producer 'os.system'; registered: .*hidden"):
-        run_producer("os.system", {}, "params.yaml")
+    with pytest.raises(GateError, match="'os.system' needs a check this command was not given \\(given: hidden\\)"):
+        run_check("os.system", {"hidden": lambda inputs, params: None}, {}, "params.yaml")
+    # `draftgate validate` is for SQL-only suites: the hidden suite points at its gate stage.
+    params = tmp_path / "params.yaml"
+    params.write_text("{}\n")
+    assert validate(["hidden", str(tmp_path), "--no-docs", "--params", str(params)]) == 2
+    assert "python -m stages.gate_hidden" in capsys.readouterr().err
     with pytest.raises(GateError, match="needs a \"view\""):
         parse_suite({"name": "x", "compute": "hidden",
                      "expectations": [{"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1}}]})

@@ -1,6 +1,6 @@
 """Helpers for the hidden gate's tests: real SmolLM2 features, a draftgate.hidden/1 directory
 written from given tensors (clean or deliberately corrupted, always self-consistent), and the gate
-run in-process as `draftgate validate` runs it.
+run in-process as its gate stage runs it.
 
 The writer here is the artifact format (docs/hidden-states.md) and nothing more, so a test can
 store what a buggy extractor would store; the stage's own writer refuses some of it.
@@ -113,14 +113,16 @@ def write_hidden_dir(out: Path, rows: list[FeatureRow], tokens: Path, *, layers:
 
 
 def run_hidden_gate(hidden_dir: Path, tokens: Path, params: Path) -> dict:
-    """The gate's result, as `draftgate validate expectations/hidden.json DIR --input tokens=...` makes it."""
+    """The gate's result, as `python -m stages.gate_hidden expectations/hidden.json DIR --input tokens=...`
+    makes it: the engine's run_gate with the check the stage hands it."""
+    from draftgate.checks.hidden import compute
     from draftgate.gates.suite import load_suite
     from draftgate.gates.table import Input
     from draftgate.gates.validate import run_gate
 
     suite = load_suite(REPO / "expectations" / "hidden.json")
     run = run_gate(suite, [Input("hidden", str(hidden_dir)), Input("tokens", str(tokens))],
-                   params_path=str(params), docs=None)
+                   params_path=str(params), docs=None, checks={"hidden": compute})
     return run.result
 
 

@@ -4,7 +4,7 @@
      "params_section": "tokens",            # gates.<section> of params.yaml (default: name)
      "table": "checks",                     # JSON document artifact: validate the list under it
      "view": "SELECT ... FROM tokens",      # DuckDB SQL over the named inputs (or a list of lines)
-     "compute": "hidden",                   # a registered producer's side tables, for the view (compute.py)
+     "compute": "hidden",                   # a check's side tables, for the view; the gate stage passes it (compute.py)
      "relations": [{"name": "x", "sql": "SELECT ..."},              # named relations the view reads,
                    {"name": "agg", "sql": "...", "materialize": true}],   # in order (see Relation)
      "expectations": [{"type": "expect_column_values_to_not_be_null",
@@ -72,7 +72,7 @@ class Suite:
     table: str | None = None
     view: str | None = None
     meta: dict = field(default_factory=dict)
-    compute: str | None = None      # a producer in draftgate/gates/compute.py PRODUCERS
+    compute: str | None = None      # the check whose tables the view reads; its gate stage passes it (compute.py)
     relations: tuple[Relation, ...] = ()
 
 

@@ -24,7 +24,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
+from draftgate.gates.compute import Check, run_check
 from draftgate.gates.docs import KEEP_RUNS
 from draftgate.gates.merge import UNIQUE
 from draftgate.gates.result import expectation_entry, failure_line, metric, short
@@ -60,7 +62,10 @@ class GateRun:
 
 
 def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml",
-             docs: Path | None = None, keep_runs: int = KEEP_RUNS, batch_rows: int = BATCH_ROWS) -> GateRun:
+             docs: Path | None = None, keep_runs: int = KEEP_RUNS, batch_rows: int = BATCH_ROWS,
+             checks: Mapping[str, Check] | None = None) -> GateRun:
+    """Validate `suite` on `inputs`. `checks`: the functions a computing suite may name (its
+    `"compute"`), handed over by its gate stage (compute.py); a SQL-only suite needs none."""
     timings: dict[str, float] = {}
     clock = [(time.perf_counter(), time.process_time())]
 
@@ -81,9 +86,8 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
     timings["params_s"] = lap()
     computed = None
     if suite.compute:   # side tables from the raw artifacts (a forward pass, logits): compute.py
-        from draftgate.gates.compute import run_producer
-
-        computed, _ = run_producer(suite.compute, {i.name: i.path for i in inputs}, params_path)
+        computed, _ = run_check(suite.compute, checks or {}, {i.name: i.path for i in inputs}, params_path,
+                                where=suite.path)
         timings["compute_s"] = lap("compute_cpu_s")
     wanted, all_names = columns_read(suite)
     loaded = load_table(inputs, table_key=suite.table, view=suite.view, wanted=wanted, all_names=all_names,
@@ -152,8 +156,8 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
 
 # ------------------------------------------------------------ CLI
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="draftgate validate",
+def parse_args(argv: list[str] | None, prog: str = "draftgate validate") -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=prog,
                                  description="Run a plain-JSON GX suite on an artifact; exit 1 when it fails.")
     ap.add_argument("suite", help="suite name (tokens: expectations/tokens.json, see --suites) or a suite file")
     ap.add_argument("artifact", help="PATH or NAME=PATH (.parquet, .jsonl, .json; a glob or directory of shards); "
@@ -176,8 +180,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def no_verdict(args: argparse.Namespace, message: str) -> int:
-    print(f"draftgate validate: {message}", file=sys.stderr)
+def no_verdict(args: argparse.Namespace, message: str, prog: str) -> int:
+    print(f"{prog}: {message}", file=sys.stderr)
     failed = {"suite_file": args.suite, "success": False, "error": message}
     if args.result:
         write_json(args.result, failed)
@@ -186,8 +190,13 @@ def no_verdict(args: argparse.Namespace, message: str) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, checks: Mapping[str, Check] | None = None,
+         prog: str = "draftgate validate") -> int:
+    """A gate: parse, validate, write the metric and the result, print; the exit code is the verdict.
+
+    `draftgate validate` calls it with no checks (ad hoc, SQL-only suites); every gate stage of
+    dvc.yaml calls it from stages/ (stages/gate.py, and stages/gate_<name>.py with its checks)."""
+    args = parse_args(argv, prog)
     try:
         suite = load_suite(find_suite(args.suite, args.suites))
         inputs = [parse_input(args.artifact, suite.name)]
@@ -204,14 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.batch_rows < 1:
             raise GateError(f"--batch-rows {args.batch_rows}: give a positive number of rows")
         run = run_gate(suite, inputs, params_path=args.params, docs=None if args.no_docs else Path(args.docs),
-                       keep_runs=args.keep_runs, batch_rows=args.batch_rows)
+                       keep_runs=args.keep_runs, batch_rows=args.batch_rows, checks=checks)
     except GateError as e:
-        return no_verdict(args, str(e))
+        return no_verdict(args, str(e), prog)
     except Exception as e:  # a crash inside GX or DuckDB: still no verdict, never a silent pass
         import traceback
 
         traceback.print_exc()
-        return no_verdict(args, f"internal error, please report: {type(e).__name__}: {e}")
+        return no_verdict(args, f"internal error, please report: {type(e).__name__}: {e}", prog)
     if args.result:
         write_json(args.result, run.result)
     if args.metric:

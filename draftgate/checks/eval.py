@@ -1,6 +1,6 @@
-"""The eval gate's producer: is speculative decoding lossless? Recomputed with the target.
+"""The eval gate's check: is speculative decoding lossless? Recomputed with the target.
 
-`compute(inputs, params_path)` (registered in compute.py as "eval") reads the eval stage's
+`compute(inputs, params_path)` (handed to the engine by stages/gate_eval.py) reads the eval stage's
 outputs (artifact `eval`: data/eval/outputs.parquet) and the tokens table (the held-out prompts,
 cut from input_ids by loss_mask here, never taken from the outputs), resolves the template's end
 token by name from the tokenizer itself (not from the contract file the stage read), loads the

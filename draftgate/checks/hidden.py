@@ -1,6 +1,6 @@
-"""The hidden gate's producer: what the stored features ARE, recomputed from the raw files and the target.
+"""The hidden gate's check: what the stored features ARE, recomputed from the raw files and the target.
 
-`compute(inputs, params_path)` (registered in compute.py as "hidden") reads the hidden-state
+`compute(inputs, params_path)` (handed to the engine by stages/gate_hidden.py) reads the hidden-state
 directory (shards, index, manifest: docs/hidden-states.md), the tokens table and the target named
 by params.yaml `hidden:`, and returns three tables for expectations/hidden.json's view:
 
@@ -18,6 +18,12 @@ with thresholds from `gates.hidden`. Memory is bounded by one shard (read, score
 the tokens table's ids as numpy arrays and the sampled rows' features. The manifest is read only for what it claims (hashes, layers) so
 the view can hold the claims against the recomputed values, and for nothing about where rows are.
 
+Independent on purpose: the shards are read here with safetensors directly (their tensors and
+metadata as docs/hidden-states.md defines them), not through hidden/shards.py or hidden/reader.py,
+so a bug in the producer's parser cannot hide itself from the gate; a manifest that is missing or
+not JSON is a finding for the view, not an exception. The only shared code is what is not the
+producer's judgement: the target loader, the layer convention and io.file_sha256.
+
 The independent re-extraction uses the model's own `output_hidden_states` (HF index i+1 for
 0-based decoder layer i) and, for the final state before the norm, the input of the final norm
 module: never the producer's per-layer hooks (docs/hidden-gate.md).
@@ -25,7 +31,6 @@ module: never the producer's per-layer hooks (docs/hidden-gate.md).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -35,8 +40,9 @@ from typing import Any
 
 from draftgate.gates.compute import Computed
 from draftgate.gates.suite import GateError
+from draftgate.io import file_sha256
 
-FORMAT = "draftgate.hidden/1"
+FORMAT = "draftgate.hidden/1"   # the layout this reader understands; the manifest's claim is held against it
 SHARD_GLOB = "shard-*.safetensors"
 ID_MASK_BYTES = 9            # input_ids int64 + loss_mask uint8, per token
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -160,6 +166,8 @@ def sampling_is_greedy(sampling: str, generate: Any) -> bool:
 
 
 def read_manifest(hidden_dir: Path) -> dict:
+    """The manifest's claims, or {} / {"_unreadable": True}: the view judges a missing manifest
+    (the producer's reader would raise instead)."""
     path = hidden_dir / "manifest.json"
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -168,11 +176,6 @@ def read_manifest(hidden_dir: Path) -> dict:
     except ValueError:
         return {"_unreadable": True}
     return doc if isinstance(doc, dict) else {"_unreadable": True}
-
-
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 # ------------------------------------------------------------ shards
@@ -227,7 +230,8 @@ def scan_shards(hidden_dir: Path, manifest: dict, target: Any, kept: dict[str, K
 
 
 class ShardError(ValueError):
-    """A shard the gate cannot read as draftgate.hidden/1 (a missing tensor, bad offsets)."""
+    """A shard the gate cannot read as draftgate.hidden/1 (a missing tensor, bad offsets): becomes
+    the shard's `problem`, never raised out of the gate."""
 
 
 def read_shard(path: Path, fact: dict, target: Any, kept: dict[str, KeptRow], greedy: bool,

@@ -1,6 +1,6 @@
-"""The drafter gate's producer: a table recomputed from the exported files (docs/drafter.md, "Gate").
+"""The drafter gate's check: a table recomputed from the exported files (docs/drafter.md, "Gate").
 
-    draftgate validate expectations/drafter.json data/drafter/sglang/config.json
+    python -m stages.gate_drafter expectations/drafter.json data/drafter/sglang/config.json
         --input speculators=data/drafter/speculators/config.json --input hidden=data/hidden
         --input tokens=data/tokens/tokens.parquet --input loss=data/drafter/loss_curve.json ...
 
@@ -59,7 +59,8 @@ def vocab_checks(exports: dict[str, Path], tokens: Path, splits: list[str], size
     from safetensors import safe_open
 
     from draftgate.drafter.export import WEIGHTS, read_info
-    from draftgate.drafter.vocab import file_sha256, vocab_from_tokens
+    from draftgate.drafter.vocab import vocab_from_tokens
+    from draftgate.io import file_sha256
 
     out = {}
     sha = file_sha256(tokens)
@@ -104,7 +105,7 @@ def build_table(sglang: Path, speculators: Path, hidden: Path, tokens: Path, los
 
 
 def compute(inputs: dict[str, str], params_path: str):
-    """Producer `drafter` (draftgate/gates/compute.py): the table `drafter_layouts`."""
+    """Check `drafter` (handed to the engine by stages/gate_drafter.py): the table `drafter_layouts`."""
     import pyarrow as pa
 
     from draftgate.config import ParamsError
