@@ -69,10 +69,15 @@ class TokenizerParams:
     expected_ids: dict[str, TokenId] = field(default_factory=dict)
 
 
+# The templates as code (draftgate/templates): the one list of their names. The registry there
+# checks its classes against it at import; it lives here so that params stay light to load.
+TEMPLATE_NAMES = ("chatml", "qwen3", "kimi_k2", "kimi_k2_thinking", "kimi_k25")
+
+
 @dataclass(frozen=True)
 class TemplateParams:
     # deepseek: no official chat template ships offline for the one DeepSeek tokenizer we have (V4).
-    name: Literal["chatml", "qwen3", "kimi_k2", "kimi_k2_thinking", "kimi_k25"] = "chatml"
+    name: Literal[TEMPLATE_NAMES] = "chatml"
     # Qwen3: enable_thinking; Kimi-K2.5: the generation prompt prefills <think>.
     thinking: bool = False
 

