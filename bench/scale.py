@@ -111,6 +111,7 @@ def run_size(n: int, url: str, concurrency: int, work: Path, stages: tuple[str, 
                                    "--input", f"responses={d / 'responses' / 'responses.parquet'}",
                                    "--input", f"contract={d / 'contract.json'}",
                                    "--input", f"vocab={d / 'vocab.parquet'}",
+                                   "--input", f"prompts={d / 'prompts' / 'prompts.parquet'}",
                                    "--result", str(d / "g_tokens.json"), "--params", P, "--no-docs"],
     }
     cmds["generate_resume"] = cmds["generate"]

@@ -61,17 +61,18 @@ def run_gate(tmp_path, tok, template, ids, rows, prompts, corrupt=None, billing=
     table, _, _ = reconstruct_table(responses, prompts, setup, billing_params=billing)
     if corrupt is not None:
         table = corrupt(table)
-    return gate(tmp_path, tok, table, responses, template, ids, **thresholds) + (table,)
+    return gate(tmp_path, tok, table, responses, template, ids, prompts, **thresholds) + (table,)
 
 
 _VOCABS: dict = {}
 
 
-def gate(tmp_path, tok, table, responses, template, ids, **thresholds):
+def gate(tmp_path, tok, table, responses, template, ids, prompts, **thresholds):
     import pyarrow.parquet as pq
 
     pq.write_table(table, tmp_path / "tokens.parquet")
     pq.write_table(responses, tmp_path / "responses.parquet")
+    pq.write_table(prompts, tmp_path / "prompts.parquet")
     # The contract as the contract stage writes it: the verified ids by role.
     (tmp_path / "contract.json").write_text(json.dumps(
         {"special_ids": ids, "roles": template_roles(get_template(template), ids)}))
@@ -83,6 +84,7 @@ def gate(tmp_path, tok, table, responses, template, ids, **thresholds):
                        "--input", f"responses={tmp_path / 'responses.parquet'}",
                        "--input", f"contract={tmp_path / 'contract.json'}",
                        "--input", f"vocab={tmp_path / 'vocab.parquet'}",
+                       "--input", f"prompts={tmp_path / 'prompts.parquet'}",
                        "--params", str(tmp_path / "params.yaml"), "--no-docs"])
     result = json.loads((tmp_path / "r.json").read_text())
     failed = {e["kwargs"].get("column") for e in result["expectations"] if not e["success"]}
@@ -216,7 +218,7 @@ def test_a_bill_altered_in_the_responses_fails_although_the_tokens_table_still_s
     responses = responses.set_column(responses.schema.get_field_index("billed_completion_tokens"),
                                      "billed_completion_tokens", pa.array(bills, pa.int64()))
     assert set(table.column("billing_residual").to_pylist()) == {0}
-    code, failed = gate(tmp_path, qwen3_tok, table, responses, "qwen3", ids)
+    code, failed = gate(tmp_path, qwen3_tok, table, responses, "qwen3", ids, prompts_t)
     assert code == 1 and {"kept_billing_residual", "billing_row_agreement"} <= failed
 
 
@@ -282,3 +284,63 @@ def test_text_ids_that_spell_other_text_fail_as_semantic_although_the_row_says_e
                                    corrupt=swap, max_mismatch_rate=0.2)
     assert table.column("match").to_pylist()[1] == "exact"
     assert code == 1 and failed == {"n_semantic", "dataset_mismatch_rate"}
+
+
+# ---------------------------------------------------------------- blind spots: the prompt ids, the split
+
+def replace_in_prompt(table, pid, old, new):
+    """Row `pid` with the prompt id `old` replaced by `new` (same length: every count stays)."""
+    import pyarrow as pa
+
+    rows = table.to_pylist()
+    for r in rows:
+        if r["prompt_id"] == pid:
+            prompt = r["input_ids"][:r["prompt_len"]]
+            assert old in prompt
+            r["input_ids"] = [new if i == old else i for i in prompt] + r["input_ids"][r["prompt_len"]:]
+    return pa.Table.from_pylist(rows, schema=table.schema)
+
+
+def observed(tmp_path, column):
+    result = json.loads((tmp_path / "r.json").read_text())
+    [e] = [e for e in result["expectations"] if e["kwargs"].get("column") == column]
+    return e["observed_value"]
+
+
+def test_a_role_swapped_in_the_prompt_fails_against_the_ids_the_backend_served(tmp_path, qwen3_tok, good_rows):
+    # "user" -> "system": one ordinary id for another, so the prompt's length, its bill and every
+    # completion check still agree; only the served prompt ids tell.
+    [user], [system] = qwen3_tok.encode_ordinary("user"), qwen3_tok.encode_ordinary("system")
+    code, failed, table = run_gate(tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), *good_rows,
+                                   corrupt=lambda t: replace_in_prompt(t, "p1", user, system))
+    assert table.column("quarantine_reason").to_pylist() == [None] * 3
+    assert (code, failed) == (1, {"kept_prompt_differs_from_served"})
+    assert observed(tmp_path, "prompt_ids_compared") == 3
+
+
+def test_a_backend_that_returns_no_prompt_ids_passes_and_the_result_says_nothing_was_compared(tmp_path, qwen3_tok, good_rows):
+    rows, prompts = good_rows
+    rows = [dict(r, prompt_token_ids=None) for r in rows]     # a text-only API: bills, no ids
+    code, failed, _ = run_gate(tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), rows, prompts,
+                               billing=BillingParams(prompt={"*": 0}))   # no ids to learn the offset from
+    assert (code, failed) == (0, set())
+    assert observed(tmp_path, "prompt_ids_compared") == 0
+
+
+def test_a_heldout_row_relabelled_train_fails_against_the_prompts_table(tmp_path, qwen3_tok, good_rows):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows, prompts = good_rows
+    prompts = [dict(p, split="heldout") if p["prompt_id"] == "p1" else p for p in prompts]
+
+    def relabel(t):
+        return t.set_column(t.schema.get_field_index("split"), "split",
+                            pa.array(["train"] * t.num_rows, t.schema.field("split").type))
+    code, failed, table = run_gate(tmp_path, qwen3_tok, "qwen3", names(qwen3_tok, "qwen3"), rows, prompts,
+                                   corrupt=relabel)
+    assert pc.all(pc.equal(table.column("split"), "train")).as_py()
+    assert (code, failed) == (1, {"split_differs_from_prompts"})
+    [e] = [e for e in json.loads((tmp_path / "r.json").read_text())["expectations"]
+           if e["kwargs"].get("column") == "split_differs_from_prompts"]
+    assert e["unexpected_sample"] == ["p1: train here, heldout in prompts.parquet"]
