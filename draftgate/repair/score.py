@@ -1,0 +1,413 @@
+"""Per-token log-probabilities under the target, at the sampling settings the row was drawn with.
+
+The quantity the search ranks tokenizations by is log p(ids | prompt) where each step's
+distribution is the one the sampler drew from: logits / temperature, then top-k, then top-p (the
+smallest set of the most likely tokens whose mass reaches top_p; the local server's rule,
+serve/model.py `_pick`), renormalised. A token outside that set could not have been sampled:
+its log-probability is -inf. Temperature 0 (greedy) keeps the argmax only.
+
+A backend answers two questions (`Scorer`):
+- `score(ids, start, ask)`: the tempered log-probability of each of ids[start:] given what
+  precedes it, and of the `ask[k]` ids at position start + k (the alternatives the search may
+  branch into), from one pass;
+- `score_branches(base, branches)`: for each (at, ids), the same for ids continuing base[:at].
+  Branches share the base's prefix, so a backend scores that prefix once: the HF target keeps the
+  base's KV cache and scores every branch in one forward with a tree mask; an engine reuses its
+  prefix cache (SGLang's radix cache; vLLM skips its prefix cache for requests that ask for
+  prompt logprobs, so there every branch is a full prefill: see VllmScorer).
+
+What engines return (checked against their sources, 2026-12):
+- vLLM `/v1/completions` with a token-id `prompt` and `prompt_logprobs: k`: `choices[0].
+  prompt_logprobs` is a list as long as the prompt, None first, then per position a dict
+  {token id (a string in JSON): {logprob, rank, decoded_token}} holding the prompt's own token
+  (with its rank in the full vocabulary) and the top k (vllm/entrypoints/openai/protocol.py,
+  CompletionResponseChoice.prompt_logprobs). They come from the RAW logits: no temperature, no
+  top-p (vllm/v1/worker/gpu_model_runner.py `_get_prompt_logprobs_dict`; projects that need
+  tempered prompt logprobs patch it, e.g. trinity's vllm_patch). vLLM needs max_tokens >= 1 unless
+  `echo` is set with max_tokens 0; we ask for 1 generated token and ignore it.
+- SGLang `/generate` with `input_ids`, `return_logprob: true`, `logprob_start_len: s`,
+  `top_logprobs_num: k`, `return_text_in_logprobs: false`, `sampling_params.max_new_tokens: 0`:
+  `meta_info.input_token_logprobs` is a list of [logprob, token id, text|None] for positions
+  s..n-1 (the input's first token has logprob None), `meta_info.input_top_logprobs` the top k
+  per position as lists of the same triples (python/sglang/srt/managers/tokenizer_manager.py,
+  `detokenize_logprob_tokens`). Also raw by default (Req.temp_scaled_logprobs = False in
+  schedule_batch.py); field names have moved between releases, so every answer is checked: the
+  token id each entry names must be the id we sent at that position.
+
+Tempering from top-k raw log-probabilities (HTTP backends) is an approximation, exact when the
+top k hold all the mass: log p_T(x) = lp(x)/T - log Z_T with Z_T = sum over the top k of
+exp(lp/T) plus the tail. The tail (raw mass R = 1 - sum of the top k) is counted as if each tail
+token had the k-th raw probability p_k: R * p_k^(1/T - 1), an upper bound on the tail's tempered
+mass for T < 1 and a lower bound for T > 1. The nucleus: a token in the top k is inside when the
+tempered mass of the tokens above it is below top_p; a token below the top k is outside when the
+top k's tempered mass already reaches top_p, else taken as inside (unknowable from the answer).
+The in-process backend has the full distribution and needs none of this.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+NEG_INF = float("-inf")
+
+
+class ScoreError(ValueError):
+    """A backend that cannot score, or answered in a shape we do not understand."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampler's settings the row was drawn with (generate's request)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                   # 0 = off
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ScoreError(f"sampling {self}: needs temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+
+
+@dataclass(frozen=True)
+class Scored:
+    logprobs: list[float]            # ids[start:], tempered, -inf outside the nucleus
+    asked: list[dict[int, float]]    # per position: the asked ids' tempered log-probabilities
+
+
+@dataclass
+class Counters:
+    forwards: int = 0                # model passes (HF) or requests (HTTP)
+    tokens: int = 0                  # tokens the model computed (HF) or sent for scoring (HTTP)
+
+
+class Scorer(Protocol):
+    sampling: Sampling
+    counters: Counters
+
+    def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None) -> Scored: ...
+
+    def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]: ...
+
+
+# ---------------------------------------------------------------- exact (full distribution)
+
+def tempered_logprobs(logits: Any, sampling: Sampling) -> Any:
+    """[n, V] logits -> [n, V] log-probabilities of the sampler's distribution (-inf outside)."""
+    import torch
+
+    logits = logits.float()
+    if sampling.temperature == 0:
+        out = torch.full_like(logits, NEG_INF)
+        out.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
+        return out
+    lp = torch.log_softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p >= 1 and not sampling.top_k:
+        return lp
+    sorted_lp, order = lp.sort(dim=-1, descending=True)
+    p = sorted_lp.exp()
+    keep = (p.cumsum(-1) - p) < sampling.top_p           # mass before the token below top_p
+    if sampling.top_k:
+        keep[:, sampling.top_k:] = False
+    keep[:, 0] = True
+    sorted_lp = torch.where(keep, sorted_lp, torch.full_like(sorted_lp, NEG_INF))
+    sorted_lp = sorted_lp - torch.logsumexp(sorted_lp, dim=-1, keepdim=True)
+    return torch.full_like(lp, NEG_INF).scatter(-1, order, sorted_lp)
+
+
+class HFScorer:
+    """The HF target in process (hidden/target.py's Target.model, or serve/model.py's LocalModel.model).
+
+    `score` runs the decoder once over ids, keeps its KV cache and its last hidden states (n x H:
+    small, unlike logits over the vocabulary), and applies the LM head only where it is needed.
+    `score_branches` on the same base scores every branch in ONE further pass over the branch
+    tokens only: each attends to the cached base[:at] and to the earlier tokens of its own branch
+    (a custom 4D mask, which transformers passes through unchanged: masking_utils, "If the mask is
+    already 4D"); the cache is cropped back to the base afterwards (DynamicCache.crop). Llama-family
+    heads (logits = lm_head(decoder output)); a head with soft-capping would need it applied here.
+    """
+
+    def __init__(self, model: Any, sampling: Sampling, branch_tokens: int = 1024):
+        self.model, self.sampling, self.branch_tokens = model, sampling, branch_tokens
+        self.counters = Counters()
+        self._base: tuple[tuple[int, ...], Any, Any] | None = None   # ids, cache, hidden states
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+    def _logprobs(self, hidden: Any, targets: Sequence[int], ask: Sequence[Sequence[int]] | None = None
+                  ) -> tuple[list[float], list[dict[int, float]]]:
+        import torch
+
+        lp = tempered_logprobs(self.model.get_output_embeddings()(hidden), self.sampling)
+        t = torch.tensor(list(targets), dtype=torch.long, device=lp.device)
+        mine = lp.gather(-1, t[:, None])[:, 0].tolist()
+        asked = [{int(a): float(v) for a, v in zip(want, lp[k, list(want)].tolist())} if want else {}
+                 for k, want in enumerate(ask or [()] * len(mine))]
+        return mine, asked
+
+    def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None) -> Scored:
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        ids = list(ids)
+        if not 1 <= start <= len(ids):
+            raise ScoreError(f"start {start} must be in 1..{len(ids)} (the first token has no context)")
+        cache = DynamicCache(config=self.model.config)
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            h = self.model.get_decoder()(input_ids=x, cache=cache, use_cache=True).last_hidden_state[0]
+            mine, asked = self._logprobs(h[start - 1:len(ids) - 1], ids[start:], ask)
+        self.counters.forwards += 1
+        self.counters.tokens += len(ids)
+        self._base = (tuple(ids), cache, h)
+        return Scored(mine, asked)
+
+    def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
+        base = list(base)
+        if self._base is None or self._base[0] != tuple(base):
+            self.score(base, len(base))
+        out: list[list[float]] = []
+        group: list[tuple[int, Sequence[int]]] = []
+        size = 0
+        for at, ids in branches:
+            if not 1 <= at <= len(base) or not ids:
+                raise ScoreError(f"branch at {at} with {len(ids)} ids: needs 1 <= at <= {len(base)} and ids")
+            if group and size + len(ids) > self.branch_tokens:
+                out += self._branch_forward(group)
+                group, size = [], 0
+            group.append((at, ids))
+            size += len(ids)
+        if group:
+            out += self._branch_forward(group)
+        return out
+
+    def _branch_forward(self, group: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
+        import torch
+
+        _, cache, base_h = self._base
+        n = base_h.shape[0]
+        flat: list[int] = []
+        pos: list[int] = []
+        rows = []
+        for at, ids in group:
+            rows.append((len(flat), at, len(ids)))
+            flat += list(ids)
+            pos += range(at, at + len(ids))
+        m = len(flat)
+        dev, dtype = self.device, next(self.model.parameters()).dtype
+        allow = torch.zeros((m, n + m), dtype=torch.bool)
+        for off, at, k in rows:
+            allow[off:off + k, :at] = True                                   # the shared prefix
+            allow[off:off + k, n + off:n + off + k] = torch.ones(k, k, dtype=torch.bool).tril()
+        mask = torch.zeros((1, 1, m, n + m), dtype=dtype)
+        mask.masked_fill_(~allow[None, None], torch.finfo(dtype).min)
+        x = torch.tensor([flat], dtype=torch.long, device=dev)
+        with torch.inference_mode():
+            if any(k > 1 for _, _, k in rows):
+                h = self.model.get_decoder()(input_ids=x, attention_mask=mask.to(dev),
+                                             position_ids=torch.tensor([pos], device=dev),
+                                             cache=cache, use_cache=True).last_hidden_state[0]
+                cache.crop(-m)               # the base stays cached for the next group (crop takes -tokens)
+                self.counters.forwards += 1
+                self.counters.tokens += m
+            else:
+                h = None                     # one-token branches: the base's states predict them all
+            # Branch token 0 is predicted by the base's state at at-1, token i by the branch's i-1.
+            states = torch.cat([torch.cat([base_h[at - 1:at], h[off:off + k - 1]]) if k > 1 else base_h[at - 1:at]
+                                for off, at, k in rows])
+            lps, _ = self._logprobs(states, flat)
+        out, i = [], 0
+        for _, _, k in rows:
+            out.append(lps[i:i + k])
+            i += k
+        return out
+
+
+# ---------------------------------------------------------------- engines over HTTP (top-k raw)
+
+@dataclass(frozen=True)
+class RawPosition:
+    """One position of an engine's answer: raw (temperature 1) log-probabilities."""
+    token: int
+    logprob: float
+    rank: int | None                 # 1-based in the full vocabulary, when the engine says
+    top: dict[int, float]            # the engine's top k at this position
+
+
+def temper(raw: RawPosition, sampling: Sampling, ids: Sequence[int] = ()) -> dict[int, float]:
+    """Tempered, nucleus-applied log-probabilities of raw.token and `ids` (module docstring: the
+    approximation). An id the answer does not carry is -inf (below the top k: not branched to)."""
+    known = dict(raw.top)
+    known[raw.token] = raw.logprob
+    lps = sorted(raw.top.values(), reverse=True)
+    t = sampling.temperature
+    out: dict[int, float] = {}
+    wanted = [raw.token, *ids]
+    if t == 0:
+        best = max(known, key=known.get)
+        return {i: (0.0 if i == best else NEG_INF) for i in wanted}
+    if lps:
+        tail = max(0.0, 1.0 - sum(math.exp(v) for v in lps))
+        z = _logsumexp([v / t for v in lps] + ([math.log(tail) + (1 / t - 1) * lps[-1]] if tail > 0 else []))
+    else:
+        z = 0.0 if t == 1 else raw.logprob / t      # no top k asked: the token alone, unnormalised
+    tempered_top = [v / t - z for v in lps]             # descending
+    top_mass = sum(math.exp(v) for v in tempered_top)
+    # The nucleus's mass: the known tokens until it reaches top_p; where the top k fall short,
+    # the nucleus runs on below them and its mass is taken as top_p itself.
+    nucleus_mass, acc = sampling.top_p, 0.0
+    for w in tempered_top:
+        acc += math.exp(w)
+        if acc >= sampling.top_p:
+            nucleus_mass = acc
+            break
+    for i in wanted:
+        if i not in known:
+            out[i] = NEG_INF
+            continue
+        v = known[i] / t - z
+        in_top = i in raw.top
+        if sampling.top_k:
+            rank = raw.rank if i == raw.token and raw.rank is not None else (
+                1 + sum(1 for w in raw.top.values() if w > known[i]) if in_top else None)
+            if rank is None and len(raw.top) >= sampling.top_k:
+                rank = sampling.top_k + 1      # below a top k at least as long as top_k
+            if rank is not None and rank > sampling.top_k:
+                out[i] = NEG_INF
+                continue
+        if sampling.top_p < 1:
+            before = (sum(math.exp(w / t - z) for w in raw.top.values() if w > known[i]) if in_top
+                      else top_mass)
+            if before >= sampling.top_p:
+                out[i] = NEG_INF
+                continue
+            v -= math.log(nucleus_mass)
+        out[i] = v
+    return out
+
+
+def _logsumexp(xs: Sequence[float]) -> float:
+    top = max(xs)
+    return top + math.log(sum(math.exp(x - top) for x in xs))
+
+
+def post_json(url: str, body: dict, timeout_s: float = 120.0) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise ScoreError(f"{url}: HTTP {e.code}: {e.read()[:500]!r}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise ScoreError(f"{url}: {e}; is the engine running at that address?") from None
+
+
+class _HTTPScorer:
+    """Both questions answered from one primitive: `_positions(ids, start)` -> RawPosition per
+    position start..len(ids)-1. A branch is its own request (base[:at] + branch ids)."""
+
+    def __init__(self, base_url: str, model: str | None, sampling: Sampling, top_logprobs: int = 20,
+                 post: Any = post_json):
+        self.base_url, self.model, self.sampling = base_url.rstrip("/"), model, sampling
+        self.top_logprobs, self.post = top_logprobs, post
+        self.counters = Counters()
+
+    def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None) -> Scored:
+        ids = list(ids)
+        if not 1 <= start <= len(ids):
+            raise ScoreError(f"start {start} must be in 1..{len(ids)} (the first token has no context)")
+        raws = self._checked(ids, start)
+        mine, asked = [], []
+        for k, raw in enumerate(raws):
+            want = list(ask[k]) if ask else []
+            t = temper(raw, self.sampling, want)
+            mine.append(t[raw.token])
+            asked.append({i: t[i] for i in want})
+        return Scored(mine, asked)
+
+    def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
+        base = list(base)
+        out = []
+        for at, ids in branches:
+            raws = self._checked(base[:at] + list(ids), at)
+            out.append([temper(r, self.sampling)[r.token] for r in raws])
+        return out
+
+    def _checked(self, ids: list[int], start: int) -> list[RawPosition]:
+        raws = self._positions(ids, start)
+        self.counters.forwards += 1
+        self.counters.tokens += len(ids)
+        if len(raws) != len(ids) - start:
+            raise ScoreError(f"{self.base_url}: {len(raws)} scored positions for {len(ids) - start} asked "
+                             f"(positions {start}..{len(ids) - 1}); the engine's logprob fields have another shape")
+        for k, r in enumerate(raws):
+            if r.token != ids[start + k]:
+                raise ScoreError(f"{self.base_url}: position {start + k} scored token {r.token}, but {ids[start + k]} "
+                                 "was sent; the engine's answer is misaligned (another logprob layout?)")
+        return raws
+
+
+class VllmScorer(_HTTPScorer):
+    """vLLM's (and the local server's) /v1/completions with `prompt_logprobs` (module docstring)."""
+
+    def request_body(self, ids: Sequence[int]) -> dict:
+        body = {"prompt": list(ids), "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": self.top_logprobs}
+        return {"model": self.model, **body} if self.model else body
+
+    def _positions(self, ids: list[int], start: int) -> list[RawPosition]:
+        answer = self.post(f"{self.base_url}/v1/completions", self.request_body(ids))
+        try:
+            entries = answer["choices"][0]["prompt_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise ScoreError(f"{self.base_url}/v1/completions: no choices[0].prompt_logprobs in the answer "
+                             f"({str(answer)[:300]}); is this vLLM (or `draftgate serve`) with prompt_logprobs?") from None
+        if not isinstance(entries, list) or len(entries) != len(ids):
+            raise ScoreError(f"{self.base_url}: prompt_logprobs has {len(entries) if isinstance(entries, list) else '?'} "
+                             f"entries for a {len(ids)}-token prompt")
+        out = []
+        for pos in range(start, len(ids)):
+            entry = {int(k): v for k, v in (entries[pos] or {}).items()}
+            mine = entry.get(ids[pos])
+            if mine is None:
+                raise ScoreError(f"{self.base_url}: prompt_logprobs[{pos}] lacks the prompt's own token {ids[pos]}")
+            top = sorted(entry.items(), key=lambda kv: (kv[1].get("rank") or 1 << 30, -kv[1]["logprob"]))
+            top = {i: float(v["logprob"]) for i, v in top if i != ids[pos] or (v.get("rank") or 1 << 30) <= self.top_logprobs}
+            out.append(RawPosition(ids[pos], float(mine["logprob"]), mine.get("rank"), top))
+        return out
+
+
+class SglangScorer(_HTTPScorer):
+    """SGLang's native /generate with input_ids and logprob_start_len (module docstring): its radix
+    cache keeps a shared prefix, and only positions from logprob_start_len are computed for logprobs."""
+
+    def request_body(self, ids: Sequence[int], start: int) -> dict:
+        return {"input_ids": list(ids), "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                "return_logprob": True, "logprob_start_len": start, "top_logprobs_num": self.top_logprobs,
+                "return_text_in_logprobs": False}
+
+    def _positions(self, ids: list[int], start: int) -> list[RawPosition]:
+        answer = self.post(f"{self.base_url}/generate", self.request_body(ids, start))
+        if isinstance(answer, list):          # a batch answer for one request
+            answer = answer[0]
+        try:
+            meta = answer["meta_info"]
+            tokens = meta["input_token_logprobs"]
+            tops = meta.get("input_top_logprobs") or [None] * len(tokens)
+        except (KeyError, TypeError):
+            raise ScoreError(f"{self.base_url}/generate: no meta_info.input_token_logprobs in the answer "
+                             f"({str(answer)[:300]}); is return_logprob supported by this SGLang?") from None
+        out = []
+        for entry, top in zip(tokens, tops):
+            lp, tid = entry[0], int(entry[1])
+            if lp is None:
+                raise ScoreError(f"{self.base_url}: token {tid} has no logprob (the input's first token "
+                                 "cannot be scored; start at 1 or later)")
+            top = {int(t[1]): float(t[0]) for t in (top or []) if t[0] is not None}
+            rank = 1 + sorted(top.values(), reverse=True).index(float(lp)) if tid in top else None
+            out.append(RawPosition(tid, float(lp), rank, top))
+        return out
