@@ -2,8 +2,9 @@
 
 Records come as OpenAI `messages` or ShareGPT `conversations` (JSONL lines or Parquet rows).
 Each becomes an OpenAI-shape conversation that ends where the model must answer, or a reject
-with a reason code, its `file:line` and the fix. The core is pure (records in, rows out); only
-`raw_files` and `read_raw` touch disk.
+with a reason code, its `file:line` and the fix. The core is pure (a record in, a decision out);
+only `raw_files` and `read_raw` touch disk. The run over all records (first occurrence wins, the
+cap, the split, the two tables) is `prompts_stream.ingest_to_files`, in bounded memory.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from draftgate.config import PromptsParams
+from draftgate.io import text_sha256
 
 REASONS = (
     "invalid_utf8", "invalid_json", "not_an_object", "no_messages", "no_user_turn",
     "unknown_role", "empty_content", "bad_message", "bad_tools", "bad_tool_schema",
 )
-# Decided by ingest() with the target's template, not by a record alone.
+# Decided by decide() with the target's template, not by a record alone.
 TEMPLATE_UNSUPPORTED = "template_unsupported"
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT speaker names -> OpenAI roles; function_call/observation carry tool calls/results.
@@ -78,16 +80,9 @@ class Reject:
     record: str
 
 
-@dataclass(frozen=True)
-class PromptRow:
-    prompt: Prompt
-    split: str
-    n_duplicates: int
-
-
 @dataclass
 class Tally:
-    """What the stage metrics report, counted as rows are decided (in memory or streamed)."""
+    """What the stage metrics report, counted as rows are decided."""
     rows_in: int = 0
     blank_lines: int = 0
     n_duplicates: int = 0
@@ -113,26 +108,6 @@ class Tally:
         self.final_assistant_dropped += dropped_final_assistant
 
 
-@dataclass(frozen=True)
-class Ingested:
-    rows: tuple[PromptRow, ...]
-    rejects: tuple[Reject, ...]
-    rows_in: int
-    blank_lines: int
-    n_duplicates: int
-    n_capped: int
-    per_dataset_in: dict[str, int] = field(default_factory=dict)
-
-    def tally(self) -> Tally:
-        t = Tally(rows_in=self.rows_in, blank_lines=self.blank_lines, n_duplicates=self.n_duplicates,
-                  n_capped=self.n_capped, per_dataset_in=Counter(self.per_dataset_in))
-        for r in self.rejects:
-            t.reject(r)
-        for row in self.rows:
-            t.keep(row.prompt.dataset, row.split, row.prompt.tools is not None, row.prompt.dropped_final_assistant)
-        return t
-
-
 # ---------------------------------------------------------------- ids and split
 
 def canonical_json(obj: Any) -> str:
@@ -147,8 +122,7 @@ def compact_json(obj: Any) -> str:
 
 
 def prompt_id_of(messages: list[dict], tools: list[dict] | None) -> str:
-    text = canonical_json({"messages": messages, "tools": tools})
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return text_sha256(canonical_json({"messages": messages, "tools": tools}))
 
 
 def split_of(prompt_id: str, seed: int, heldout_fraction: float) -> str:
@@ -448,7 +422,12 @@ def _check_order(messages: list[dict]) -> None:
 
 def decide(record: RawRecord, render_problem: Callable[[list[dict], list[dict] | None], str | None] | None
            ) -> Prompt | Reject | None:
-    """`process`, then the target template's verdict: a Prompt, a Reject, or None (blank line)."""
+    """`process`, then the target template's verdict: a Prompt, a Reject, or None (blank line).
+
+    `render_problem(messages, tools)` says why the target's chat template cannot render a prompt
+    (None when it can): such a prompt could never become exact training data, so it is rejected
+    here, before any request is paid for.
+    """
     out = process(record)
     if render_problem is not None and isinstance(out, Prompt):
         problem = render_problem(json.loads(out.messages), json.loads(out.tools) if out.tools else None)
@@ -457,76 +436,10 @@ def decide(record: RawRecord, render_problem: Callable[[list[dict], list[dict] |
     return out
 
 
-def ingest(records: Iterable[RawRecord], params: PromptsParams,
-           render_problem: Callable[[list[dict], list[dict] | None], str | None] | None = None) -> Ingested:
-    """Process, dedup (first by file name then position wins), cap, split. Order-independent.
-
-    `render_problem(messages, tools)` says why the target's chat template cannot render a prompt
-    (None when it can): such a prompt could never become exact training data, so it is rejected
-    here, before any request is paid for.
-    """
-    if not 0.0 <= params.heldout_fraction <= 1.0:
-        raise ValueError(f"prompts.heldout_fraction is {params.heldout_fraction}; it must be within [0, 1]")
-    if params.max_prompts is not None and params.max_prompts < 0:
-        raise ValueError(f"prompts.max_prompts is {params.max_prompts}; use null for no cap or a count >= 0")
-    records = sorted(records, key=lambda r: (r.file, r.index))
-    firsts: dict[str, Prompt] = {}
-    dups: Counter = Counter()
-    rejects, blank, per_dataset = [], 0, Counter()
-    for r in records:
-        out = decide(r, render_problem)
-        if out is None:
-            blank += 1
-            continue
-        per_dataset[Path(r.file).stem] += 1
-        if isinstance(out, Reject):
-            rejects.append(out)
-        elif out.prompt_id in firsts:
-            dups[out.prompt_id] += 1
-        else:
-            firsts[out.prompt_id] = out
-    kept = list(firsts.values())
-    n_capped = 0
-    if params.max_prompts is not None and len(kept) > params.max_prompts:
-        # The ids are hashes, so the lowest ids are a uniform sample across datasets.
-        keep = set(sorted(firsts)[: params.max_prompts])
-        n_capped = len(kept) - len(keep)
-        kept = [p for p in kept if p.prompt_id in keep]
-    rows = tuple(PromptRow(p, split_of(p.prompt_id, params.split_seed, params.heldout_fraction), dups[p.prompt_id])
-                 for p in kept)
-    return Ingested(rows, tuple(rejects), len(records) - blank, blank, sum(dups.values()), n_capped,
-                    dict(sorted(per_dataset.items())))
-
-
-def prompts_table(result: Ingested):
-    import pyarrow as pa
-
-    from draftgate import schema
-
-    cols = {name: [] for name in schema.prompts().names}
-    for row in result.rows:
-        p = row.prompt
-        for name, value in (("prompt_id", p.prompt_id), ("dataset", p.dataset), ("messages", p.messages),
-                            ("tools", p.tools), ("split", row.split), ("source", p.source),
-                            ("n_duplicates", row.n_duplicates)):
-            cols[name].append(value)
-    return pa.table(cols, schema=schema.prompts())
-
-
-def rejects_table(result: Ingested):
-    import pyarrow as pa
-
-    from draftgate import schema
-
-    rows = [{"source": r.source, "reason": r.reason, "detail": r.detail, "record": r.record} for r in result.rejects]
-    return pa.Table.from_pylist(rows, schema=schema.rejects())
-
-
-def stage_metrics(result: Ingested | Tally, params: PromptsParams):
+def stage_metrics(t: Tally, params: PromptsParams):
     from draftgate.config import as_dict
     from draftgate.metrics import StageMetrics
 
-    t = result.tally() if isinstance(result, Ingested) else result
     m = StageMetrics("prompts", rows_in=t.rows_in, rows_out=t.rows_out, params=as_dict(params))
     for reason, n in t.rejects_by_reason.items():
         m.drop(reason, n)

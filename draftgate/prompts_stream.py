@@ -1,8 +1,9 @@
 """Prompt ingestion in bounded memory: raw files -> prompts.parquet + rejects.parquet, streamed.
 
-Same decisions as `prompts.ingest` (`decide`, first occurrence wins, cap, split), in
-two passes instead of one table in memory. Records arrive in (file, line) order, as `raw_files` and
-`read_raw` give them, so "first wins" needs no sort. Pass 1 writes each new prompt (with its split)
+Each record is decided by `prompts.decide`; the first occurrence of a prompt id wins, later ones
+count as its duplicates; `max_prompts` keeps the lowest ids; the split is `split_of(id, seed)`.
+Records arrive in (file, line) order, as `raw_files` and `read_raw` give them, so "first wins"
+means first by file name, then line, and needs no sort. Pass 1 writes each new prompt (with its split)
 and each reject to part files as it is decided, and remembers per prompt only a 16-byte digest of
 its id (duplicate counts live in a Counter of the few ids seen twice, the cap in a heap of
 `max_prompts` ids). Pass 2 streams the part file into prompts.parquet, filling `n_duplicates` and
@@ -24,15 +25,20 @@ BATCH = 8192
 
 def ingest_to_files(records: Iterable[RawRecord], params: PromptsParams, out_dir: Path,
                     render_problem: Callable[[list[dict], list[dict] | None], str | None] | None = None) -> Tally:
+    import os
+    import shutil
+    import tempfile
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from draftgate import schema
 
-    import os
-    import shutil
-    import tempfile
-
+    # Params from params.yaml are range-checked already; these guard a caller that builds them.
+    if not 0.0 <= params.heldout_fraction <= 1.0:
+        raise ValueError(f"prompts.heldout_fraction is {params.heldout_fraction}; it must be within [0, 1]")
+    if params.max_prompts is not None and params.max_prompts < 0:
+        raise ValueError(f"prompts.max_prompts is {params.max_prompts}; use null for no cap or a count >= 0")
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # Everything is written in a staging folder beside out_dir and moved in at the end: a failed

@@ -1,5 +1,4 @@
 import json
-import random
 import re
 import unicodedata
 
@@ -8,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from draftgate.config import PromptsParams
-from draftgate.prompts import (REASONS, Prompt, RawRecord, Reject, ingest, process, prompt_id_of, prompts_table,
-                               rejects_table, split_of, stage_metrics)
+from draftgate.prompts import REASONS, Prompt, RawRecord, Reject, process, prompt_id_of, split_of, stage_metrics
 from draftgate import schema
+from prompts_fixtures import ingest, shuffled_lines
 
 USER = {"role": "user", "content": "What is 2 + 2?"}
 WEATHER_TOOL = {"type": "function", "function": {
@@ -97,7 +96,7 @@ def test_a_parquet_row_is_located_by_file_and_row_number():
 
 def test_a_blank_line_is_skipped_and_counted():
     result = ingest([line({"messages": [USER]}), RawRecord("set.jsonl", 2, b"  ")], PromptsParams())
-    assert (len(result.rows), result.rows_in, result.blank_lines, result.rejects) == (1, 1, 1, ())
+    assert (len(result.rows), result.tally.rows_in, result.tally.blank_lines, result.reject_rows) == (1, 1, 1, [])
 
 
 # ---------------------------------------------------------------- normalisation
@@ -186,46 +185,46 @@ def test_ids_and_splits_are_stable_across_runs_line_orders_and_file_orders():
     a = lines([{"messages": [{"role": "user", "content": f"a{i}"}]} for i in range(40)], "a.jsonl")
     b = lines([{"conversations": [{"from": "human", "value": f"b{i}"}]} for i in range(40)], "b.jsonl")
     first = ingest(a + b, PromptsParams(heldout_fraction=0.3, split_seed=5))
-    shuffled_a = [RawRecord(r.file, i, r.data) for i, r in enumerate(random.Random(1).sample(a, len(a)), start=1)]
-    second = ingest(b + shuffled_a, PromptsParams(heldout_fraction=0.3, split_seed=5))
-    key = lambda res: {(r.prompt.prompt_id, r.prompt.messages, r.split) for r in res.rows}
+    second = ingest(b + shuffled_lines(a, 1), PromptsParams(heldout_fraction=0.3, split_seed=5))
+    key = lambda res: {(r["prompt_id"], r["messages"], r["split"]) for r in res.rows}
     assert key(first) == key(second) and len(first.rows) == 80
 
 
 def test_duplicates_collapse_to_the_first_by_file_name_then_line_and_are_counted():
     same = {"messages": [USER]}
-    records = [line(same, "b.jsonl", 1), line(same, "a.jsonl", 9), line(same, "a.jsonl", 2),
+    records = [line(same, "b.jsonl", 1), line(same, "a.jsonl", 3), line(same, "a.jsonl", 2),
+               RawRecord("a.jsonl", 1, b""),
                line({"conversations": [{"from": "human", "value": USER["content"]}]}, "c.jsonl", 1)]
     result = ingest(records, PromptsParams())
     (row,) = result.rows
-    assert (row.prompt.source, row.n_duplicates, result.n_duplicates) == ("a.jsonl:2", 3, 3)
-    m = stage_metrics(result, PromptsParams()).to_dict()
+    assert (row["source"], row["n_duplicates"], result.tally.n_duplicates) == ("a.jsonl:2", 3, 3)
+    m = stage_metrics(result.tally, PromptsParams()).to_dict()
     assert m["drops_by_reason"] == {"duplicate": 3} and m["rows_in"] == m["rows_out"] + m["dropped"]
 
 
 def test_the_split_is_deterministic_and_near_the_requested_fraction():
     result = ingest(corpus(3000), PromptsParams(heldout_fraction=0.2, split_seed=0))
-    heldout = sum(r.split == "heldout" for r in result.rows) / len(result.rows)
-    assert abs(heldout - 0.2) < 0.025
+    splits = result.prompts.column("split").to_pylist()
+    assert abs(splits.count("heldout") / len(splits) - 0.2) < 0.025
     again = ingest(corpus(3000), PromptsParams(heldout_fraction=0.2, split_seed=0))
     reseeded = ingest(corpus(3000), PromptsParams(heldout_fraction=0.2, split_seed=1))
-    assert [r.split for r in again.rows] == [r.split for r in result.rows] != [r.split for r in reseeded.rows]
+    assert again.prompts.column("split").to_pylist() == splits != reseeded.prompts.column("split").to_pylist()
 
 
 def test_a_prompt_keeps_its_split_when_other_prompts_join_the_run():
-    small = {r.prompt.prompt_id: r.split for r in ingest(corpus(100), PromptsParams(heldout_fraction=0.5)).rows}
-    large = {r.prompt.prompt_id: r.split for r in ingest(corpus(300), PromptsParams(heldout_fraction=0.5)).rows}
+    small = {r["prompt_id"]: r["split"] for r in ingest(corpus(100), PromptsParams(heldout_fraction=0.5)).rows}
+    large = {r["prompt_id"]: r["split"] for r in ingest(corpus(300), PromptsParams(heldout_fraction=0.5)).rows}
     assert all(large[k] == v for k, v in small.items())
     assert split_of("x" * 64, 0, 0.0) == "train" and split_of("x" * 64, 0, 1.0) == "heldout"
 
 
-def test_max_prompts_caps_after_dedup_independent_of_file_order():
+def test_max_prompts_caps_after_dedup_independent_of_line_order():
     records = corpus(50) + corpus(10, "again.jsonl")
     capped = ingest(records, PromptsParams(max_prompts=20))
-    reversed_ = ingest(list(reversed(records)), PromptsParams(max_prompts=20))
-    assert len(capped.rows) == 20 and capped.n_capped == 30 and capped.n_duplicates == 10
-    assert {r.prompt.prompt_id for r in capped.rows} == {r.prompt.prompt_id for r in reversed_.rows}
-    m = stage_metrics(capped, PromptsParams(max_prompts=20)).to_dict()
+    reordered = ingest(shuffled_lines(records, 3), PromptsParams(max_prompts=20))
+    assert len(capped.rows) == 20 and capped.tally.n_capped == 30 and capped.tally.n_duplicates == 10
+    assert {r["prompt_id"] for r in capped.rows} == {r["prompt_id"] for r in reordered.rows}
+    m = stage_metrics(capped.tally, PromptsParams(max_prompts=20)).to_dict()
     assert m["drops_by_reason"] == {"duplicate": 10, "over_max_prompts": 30}
     assert m["rows_in"] == m["rows_out"] + m["dropped"] == 60
 
@@ -238,7 +237,7 @@ def test_a_heldout_fraction_outside_zero_to_one_is_an_error_naming_the_param():
 def test_metrics_count_rejects_per_reason_dataset_and_split():
     records = lines([BAD["unknown_role"], BAD["empty_content"], {"messages": [USER]}], "chat.jsonl")
     result = ingest(records + lines([BAD["unknown_role"]], "code.jsonl"), PromptsParams(heldout_fraction=0.0))
-    m = stage_metrics(result, PromptsParams()).to_dict()
+    m = stage_metrics(result.tally, PromptsParams()).to_dict()
     assert m["drops_by_reason"] == {"unknown_role": 2, "empty_content": 1}
     assert m["datasets"] == {"chat": {"in": 3, "out": 1, "rejects": 2}, "code": {"in": 1, "out": 0, "rejects": 1}}
     assert (m["rejects_rate"], m["split"]) == (0.75, {"train": 1, "heldout": 0})
@@ -246,8 +245,8 @@ def test_metrics_count_rejects_per_reason_dataset_and_split():
 
 def test_tables_carry_the_schema_exactly():
     result = ingest(lines([BAD["bad_tools"], {"messages": [USER], "tools": [WEATHER_TOOL]}]), PromptsParams())
-    assert prompts_table(result).schema == schema.prompts() and prompts_table(result).num_rows == 1
-    assert rejects_table(result).schema == schema.rejects() and rejects_table(result).num_rows == 1
+    assert result.prompts.schema == schema.prompts() and result.prompts.num_rows == 1
+    assert result.rejects.schema == schema.rejects() and result.rejects.num_rows == 1
 
 
 # ---------------------------------------------------------------- properties: nothing crashes
@@ -321,20 +320,26 @@ def test_random_and_malformed_records_never_crash(record):
 def test_a_run_of_random_records_reconciles_counts_and_fits_the_schema(batch):
     recs = [RawRecord("fuzz.jsonl", i, json.dumps(r).encode()) for i, r in enumerate(batch, start=1)]
     result = ingest(recs, PromptsParams(heldout_fraction=0.5))
-    m = stage_metrics(result, PromptsParams()).to_dict()
+    m = stage_metrics(result.tally, PromptsParams()).to_dict()
     assert m["rows_in"] == len(batch) == m["rows_out"] + m["dropped"]
-    assert prompts_table(result).schema == schema.prompts() and rejects_table(result).num_rows == len(result.rejects)
+    assert result.prompts.schema == schema.prompts() and result.rejects.schema == schema.rejects()
+    assert result.rejects.num_rows == m["dropped"] - m["drops_by_reason"].get("duplicate", 0)
 
 
 def test_read_raw_numbers_lines_from_one_and_handles_bom_crlf_and_u2028(tmp_path):
+    import pyarrow.parquet as pq
+
     from draftgate.prompts import read_raw
+    from draftgate.prompts_stream import ingest_to_files
 
     path = tmp_path / "win.jsonl"
     first = json.dumps({"messages": [{"role": "user", "content": "a\u2028b"}]}, ensure_ascii=False)
     path.write_bytes(b"\xef\xbb\xbf" + first.encode() + b"\r\n\r\n" + b'{"messages": 1}\r\n')
     records = list(read_raw(path))
     assert [r.source for r in records] == ["win.jsonl:1", "win.jsonl:2", "win.jsonl:3"]
-    result = ingest(records, PromptsParams())
-    assert json.loads(result.rows[0].prompt.messages)[0]["content"] == "a\u2028b"
-    assert [(r.source, r.reason) for r in result.rejects] == [("win.jsonl:3", "bad_message")]
-    assert result.blank_lines == 1
+    tally = ingest_to_files(iter(records), PromptsParams(), tmp_path / "out")
+    rows = pq.read_table(tmp_path / "out" / "prompts.parquet").to_pylist()
+    assert json.loads(rows[0]["messages"])[0]["content"] == "a\u2028b"
+    rejects = pq.read_table(tmp_path / "out" / "rejects.parquet").to_pylist()
+    assert [(r["source"], r["reason"]) for r in rejects] == [("win.jsonl:3", "bad_message")]
+    assert tally.blank_lines == 1
