@@ -1,118 +1,54 @@
-"""dvc.yaml's deps are the stage's code: every draftgate module a stage imports, transitively.
+"""dvc.yaml's deps are the stage's code: every draftgate module a stage imports, transitively, and no other.
 
 A module missing from a stage's deps means `dvc repro` keeps stale outputs after a fix to it (a
-fixed SmolLM2 conversion in tokenizers.py left old truth ids in place). The imports are read from
-the source (every `import`, in functions too; `if TYPE_CHECKING:` blocks skipped: they never run),
-with each package's `__init__.py` chain. A directory dep covers every module under it. Gate stages
-run `draftgate validate`: the console script (draftgate/cli.py) and the module it dispatches to.
+fixed SmolLM2 conversion in tokenizers.py left old truth ids in place); a stale one reruns a stage
+for nothing. The walk is tests/dvc_deps.py's, the tool that writes those deps
+(`.venv/bin/python tests/dvc_deps.py --write`): one implementation for both. Also here: the
+layers (the generic gate engine imports nothing of the domain; nothing imports a layer above it).
 """
 
 from __future__ import annotations
 
-import ast
-import re
-from pathlib import Path
-
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("draftgate", "stages")
-
-
-def stages() -> dict[str, dict]:
-    return yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-
-
-def module_file(name: str) -> Path | None:
-    base = REPO.joinpath(*name.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _runtime_nodes(tree: ast.AST):
-    """Every node except those under `if TYPE_CHECKING:` (type hints only; never executed)."""
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                todo.extend(child.orelse)
-                continue
-            todo.append(child)
-
-
-def imported_modules(path: Path) -> set[str]:
-    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
-    if path.name == "__init__.py":
-        package = ".".join(path.relative_to(REPO).parts[:-1])
-    out: set[str] = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[:len(parts) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            out.add(base)
-            out |= {f"{base}.{a.name}" for a in node.names}   # `from pkg import module`
-    return {m for m in out if m.split(".")[0] in PACKAGES}
-
-
-def closure(entries: list[Path]) -> set[Path]:
-    seen: set[Path] = set()
-    todo = list(entries)
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        for name in imported_modules(path):
-            parts = name.split(".")
-            for i in range(1, len(parts) + 1):   # importing a.b.c runs a/__init__, a/b/__init__, a/b/c
-                found = module_file(".".join(parts[:i]))
-                if found is not None and found not in seen:
-                    todo.append(found)
-    return seen
-
-
-def entry_points(stage: dict) -> list[Path]:
-    cmd = stage["cmd"] if isinstance(stage["cmd"], str) else " ".join(stage["cmd"])
-    if m := re.search(r"python -m (stages\.\w+)", cmd):
-        return [module_file(m.group(1))]
-    if m := re.match(r"draftgate (\w+)", cmd):
-        from draftgate.cli import COMMANDS
-
-        return [REPO / "draftgate" / "cli.py", module_file(COMMANDS[m.group(1)][0])]
-    return []
-
-
-def deps_of(stage: dict) -> list[str]:
-    return [str(d if isinstance(d, str) else next(iter(d))).rstrip("/") for d in stage.get("deps", [])]
-
-
-def covered(path: Path, deps: list[str]) -> bool:
-    rel = path.relative_to(REPO).as_posix()
-    return any(rel == d or rel.startswith(d + "/") for d in deps)
-
-
-def missing_deps(stage: dict) -> list[str]:
-    deps = deps_of(stage)
-    return sorted(p.relative_to(REPO).as_posix() for p in closure(entry_points(stage)) if not covered(p, deps))
+from dvc_deps import (REPO, closure, code_deps, covered, deps_of, entry_points, imported_modules, listed_code,
+                      missing_deps, rewrite, stages, wanted)
 
 
 @pytest.mark.parametrize("name", list(stages()))
-def test_every_module_a_stage_imports_is_among_its_deps(name):
+def test_a_stages_code_deps_are_exactly_its_import_closure(name):
     stage = stages()[name]
-    assert entry_points(stage), f"{name}: cannot tell which code `{stage['cmd']}` runs; teach this test"
+    assert entry_points(stage), f"{name}: cannot tell which code `{stage['cmd']}` runs; teach tests/dvc_deps.py"
     missing = missing_deps(stage)
     assert not missing, (f"dvc.yaml stage {name!r} imports {', '.join(missing)} but does not list them "
-                         "among its deps: add them, or `dvc repro` keeps stale outputs after a change to them")
+                         "among its deps, so `dvc repro` keeps stale outputs after a change to them: "
+                         "run .venv/bin/python tests/dvc_deps.py --write")
+    assert sorted(listed_code(stage)) == sorted(wanted(stage)), (
+        f"dvc.yaml stage {name!r}: code deps differ from its import closure (stale entries rerun it for "
+        "nothing): run .venv/bin/python tests/dvc_deps.py --write")
+
+
+def test_the_tool_rewrites_only_code_deps_and_keeps_data_deps_params_and_comments():
+    text = (REPO / "dvc.yaml").read_text()
+    assert rewrite(text) == text                         # dvc.yaml is what the tool writes
+    stale = text.replace("      - stages/gate_hidden.py\n", "      - draftgate/cli.py\n", 1)
+    stale = stale.replace("      - draftgate/checks/hidden.py\n", "", 1)
+    assert stale != text and rewrite(stale) == text
+    # A stage whose code deps stood among its data deps gets them back where the first one stood.
+    mini = ("stages:\n  x:   # why x\n    cmd: python -m stages.gate s a\n    deps:\n      - expectations/s.json\n"
+            "      - draftgate/cli.py\n      # a comment\n      - data/a\n    params:\n      - gates.s\n")
+    out = rewrite(mini)
+    assert out.startswith("stages:\n  x:   # why x\n    cmd: python -m stages.gate s a\n    deps:\n"
+                          "      - expectations/s.json\n      - stages/__init__.py\n      - stages/gate.py\n")
+    assert out.endswith("      # a comment\n      - data/a\n    params:\n      - gates.s\n")
+    assert "      - draftgate/gates\n" in out and "draftgate/cli.py" not in out
+
+
+def test_a_package_is_listed_as_its_folder_only_when_every_module_of_it_is_reached():
+    gates = set((REPO / "draftgate" / "gates").rglob("*.py"))
+    assert code_deps(gates) == ["draftgate/gates"]
+    some = {REPO / "draftgate" / "gates" / "__init__.py", REPO / "draftgate" / "gates" / "result.py"}
+    assert code_deps(some) == ["draftgate/gates/__init__.py", "draftgate/gates/result.py"]
 
 
 def produced() -> set[str]:
@@ -149,3 +85,39 @@ def test_the_client_does_not_import_the_server():
     client = [p for p in (REPO / "draftgate" / "client").glob("*.py")]
     reached = {p.relative_to(REPO).as_posix() for p in closure(client)}
     assert not [p for p in reached if p.startswith("draftgate/serve/")], sorted(reached)
+
+
+# ------------------------------------------------------------ layers
+
+def _modules(folder: str) -> list:
+    return sorted((REPO / folder).rglob("*.py"))
+
+
+def _name(path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_generic_gate_engine_imports_only_config_io_and_itself():
+    allowed = ("draftgate.gates", "draftgate.config", "draftgate.io")
+    found = {f"{_name(p)} imports {m}" for p in _modules("draftgate/gates") for m in imported_modules(p)
+             if m != "draftgate" and not any(_under(m, a) for a in allowed)}
+    assert not found, f"draftgate/gates is the generic engine; a domain check belongs in draftgate/checks/: {sorted(found)}"
+
+
+def test_no_library_module_imports_a_stage_and_only_stages_import_the_checks():
+    up = {f"{_name(p)} imports {m}" for p in _modules("draftgate") for m in imported_modules(p) if _under(m, "stages")}
+    assert not up, f"the library must not import the stages that wire it: {sorted(up)}"
+    checks = {f"{_name(p)} imports {m}" for p in _modules("draftgate") if not _under(_name(p), "draftgate.checks")
+              for m in imported_modules(p) if _under(m, "draftgate.checks")}
+    assert not checks, f"a gate's checks are handed to the engine by its stage (stages/gate_*.py): {sorted(checks)}"
+
+
+def test_the_layer_tests_see_a_violation():
+    # imported_modules reads `from draftgate.checks import hidden` inside a function as both names.
+    assert _under("draftgate.checks.hidden", "draftgate.checks") and not _under("draftgate.checksum", "draftgate.checks")
+    gate = REPO / "stages" / "gate_hidden.py"
+    assert "draftgate.checks.hidden" in imported_modules(gate)

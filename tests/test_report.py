@@ -99,7 +99,8 @@ def test_the_report_stage_if_present_comes_after_every_gate_and_plot():
 
     def paths(s: dict, key: str) -> list[str]:
         return [p if isinstance(p, str) else next(iter(p)) for p in s.get(key) or []]
-    gates = {m for s in stages.values() if "draftgate validate" in str(s.get("cmd", "")) for m in paths(s, "metrics")}
+    gates = {m for name, s in stages.items() if name.startswith("gate_") for m in paths(s, "metrics")}
+    assert gates, "dvc.yaml has no gate stage (gate_*)"
     plots = {p for s in stages.values() for p in paths(s, "plots")}
     assert not gates - deps, f"the report stage should list every gate's metric among its deps: add {sorted(gates - deps)}"
     assert not plots - deps, f"the report stage should list every plot among its deps: add {sorted(plots - deps)}"

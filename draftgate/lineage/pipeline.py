@@ -15,7 +15,7 @@ from typing import Any
 
 from draftgate.lineage.snapshot import Snapshot
 
-GATE_CMD = re.compile(r"(^|\s)draftgate\s+validate\s")
+GATE_CMD = re.compile(r"(^|\s)(draftgate\s+validate|-m\s+stages\.gate\w*)\s")
 SUITES = "expectations/"
 
 

@@ -26,7 +26,7 @@ from draftgate.lineage.pipeline import Pipeline
 from draftgate.lineage.snapshot import WORKSPACE, RevisionError, open_revision, repo_root
 
 DEFAULT_OUT = "reports/index.html"
-REPORT_CMD = re.compile(r"(^|\s)draftgate\s+report(\s|$)")     # this page's own stage: not an artifact to trace
+REPORT_CMD = re.compile(r"(^|\s)(draftgate\s+report|-m\s+stages\.report)(\s|$)")     # this page's own stage: not an artifact to trace
 DATA_DOCS = "reports/data_docs/index.html"
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 640, 300, 56, 48, 28, 16
 COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
