@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/reconstruct.py [--rows 20000] [--seed 0] [--repeats 2]
 
-- ours:           draftgate.reconstruct.table.reconstruct_table: the stage's whole job minus disk
-                  I/O. Normalise, render prompt and completion, one ordinary encode of every
+- ours:           draftgate.reconstruct.table.reconstruct_files: the stage's whole job, Parquet in
+                  and out (responses + prompts read, tokens.parquet written). Normalise, render prompt and completion, one ordinary encode of every
                   distinct text of a chunk, prefix check, truth/logprobs/text choice, match
                   class, flags, billing, Arrow output (prompt ids + completion ids + loss mask).
 - per-row loop:   the original approach: per row, the completion as one string (reasoning,
@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import sys
 import sysconfig
 import time
@@ -121,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate import schema
     from draftgate.io import write_json
     from draftgate.reconstruct.core import Setup
-    from draftgate.reconstruct.table import reconstruct_table
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    from draftgate.reconstruct.table import reconstruct_files
     from draftgate.templates import get_template, render_text
     from draftgate import tokenizers
     from draftgate.tokenizers import load_qwen3
@@ -133,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     resp_table = pa.Table.from_pylist([{f: r.get(f) for f in schema.responses().names} for r in responses],
                                       schema=schema.responses())
     prompt_table = pa.Table.from_pylist(prompts)
+    work = Path(tempfile.mkdtemp(prefix="bench-reconstruct-"))
+    pq.write_table(resp_table, work / "responses.parquet")
+    pq.write_table(prompt_table, work / "prompts.parquet")
     texts = [full_string(r) for r in responses]
     core = tok.hf.backend_tokenizer
     enc = tok._tiktoken_encoding
@@ -142,13 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     setup = Setup(tok, template, ids, True)
     load = os.getloadavg()[0]
     results, outs = timed({
-        "ours": lambda: reconstruct_table(resp_table, prompt_table, setup),
+        "ours": lambda: reconstruct_files(work / "responses.parquet", work / "prompts.parquet",
+                                          work / "tokens.parquet", setup),
         "per_row_loop": lambda: [tok.hf.encode(s, add_special_tokens=False) for s in texts],
         "encode_batch": lambda: [e.ids for e in core.encode_batch(texts, add_special_tokens=False)],
         "encode_batch_fast": lambda: core.encode_batch_fast(texts, add_special_tokens=False),
         "tiktoken_ordinary_batch": lambda: enc.encode_ordinary_batch(texts),
     }, args.repeats)
-    (table, res, _), loop, batch = outs["ours"], outs["per_row_loop"], outs["encode_batch"]
+    (res, _, _), loop, batch = outs["ours"], outs["per_row_loop"], outs["encode_batch"]
+    table = pq.read_table(work / "tokens.parquet")
+    shutil.rmtree(work)
 
     # Completions: equal to the original approach's ids wherever that approach is right (text
     # without a literal special-token string). Prompts: equal to what a serving engine encodes

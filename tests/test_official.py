@@ -20,10 +20,10 @@ from draftgate.config import TokenizerParams
 from draftgate.contract import check_template, template_roles
 from draftgate.official import gguf_chat_template, official_template
 from draftgate.reconstruct.core import Setup
-from draftgate.reconstruct.table import reconstruct_table
 from draftgate.templates import get_template
 from draftgate.templates.probes import PROBES
 from draftgate.tokenizers import load_tokenizer, smollm2_gguf
+from reconstruct_fixtures import reconstruct_tables
 
 SUITE = Path(__file__).resolve().parents[1] / "expectations" / "template.json"
 
@@ -138,7 +138,7 @@ def test_hf_dir_prompt_ids_are_the_directory_templates_as_the_engine_encodes_the
     t = get_template("chatml")
     ids = {n: tok.token_id(n) for n in t.special_names}
     setup = Setup(tok, t, ids, False, official=official)
-    table, result, _ = reconstruct_table(responses_for(tok, ["a", "b"]), prompts_for(["a", "b"]), setup)
+    table, result, _ = reconstruct_tables(responses_for(tok, ["a", "b"]), prompts_for(["a", "b"]), setup)
     rows = table.to_pylist()
     for r, pid in zip(rows, ["a", "b"]):
         engine = tok.encode(official.render([{"role": "user", "content": f"Hi {pid}"}], None, {}))

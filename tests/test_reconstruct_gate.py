@@ -16,8 +16,8 @@ from draftgate.gates import validate as gates
 from draftgate.config import BillingParams
 from draftgate.contract import template_roles, vocab_table
 from draftgate.reconstruct.core import Setup
-from draftgate.reconstruct.table import reconstruct_table
 from draftgate.templates import encode_segments, get_template
+from reconstruct_fixtures import reconstruct_tables
 
 SUITE = Path(__file__).resolve().parents[1] / "expectations" / "tokens.json"
 THRESHOLDS = {"max_billing_delta_rate": 0.0004, "min_row_billing_agreement": 0.98,
@@ -58,7 +58,7 @@ def run_gate(tmp_path, tok, template, ids, rows, prompts, corrupt=None, billing=
     """Reconstruct, optionally corrupt the tokens table (`corrupt(table) -> table`), gate it."""
     responses, prompts = tables(rows, prompts)
     setup = Setup(tok, get_template(template), ids, False, request_rules=tuple(rules))
-    table, _, _ = reconstruct_table(responses, prompts, setup, billing_params=billing)
+    table, _, _ = reconstruct_tables(responses, prompts, setup, billing_params=billing)
     if corrupt is not None:
         table = corrupt(table)
     return gate(tmp_path, tok, table, responses, template, ids, prompts, **thresholds) + (table,)
@@ -212,7 +212,7 @@ def test_a_bill_altered_in_the_responses_fails_although_the_tokens_table_still_s
     rows, prompts = good_rows
     responses, prompts_t = tables(rows, prompts)
     ids = names(qwen3_tok, "qwen3")
-    table, _, _ = reconstruct_table(responses, prompts_t, Setup(qwen3_tok, get_template("qwen3"), ids, False))
+    table, _, _ = reconstruct_tables(responses, prompts_t, Setup(qwen3_tok, get_template("qwen3"), ids, False))
     bills = responses.column("billed_completion_tokens").to_pylist()
     bills[0] += 7
     responses = responses.set_column(responses.schema.get_field_index("billed_completion_tokens"),

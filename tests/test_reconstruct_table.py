@@ -1,4 +1,4 @@
-"""Tables in, tables out: Arrow assembly, chunking, billing over the whole table, the report."""
+"""The streamed table pass: Arrow assembly, chunking, billing over the whole table, the report."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 
 from draftgate import schema
 from draftgate.reconstruct.core import Setup
-from draftgate.reconstruct.table import mismatch_report, plot_rows, reconstruct_table, to_arrow
+from draftgate.reconstruct.table import mismatch_report, plot_rows, to_arrow
 from draftgate.templates import get_template
+from reconstruct_fixtures import reconstruct_tables
 
 
 def tables(qwen3_tok, n=5, excludes_end=True):
@@ -43,8 +44,8 @@ def test_to_arrow_matches_pyarrows_own_conversion_including_null_lists():
 
 def test_chunks_do_not_change_the_result_and_billing_is_measured_over_the_whole_table(qwen3_tok):
     responses, prompts = tables(qwen3_tok)
-    whole, _, summary = reconstruct_table(responses, prompts, setup(qwen3_tok))
-    chunked, _, summary2 = reconstruct_table(responses, prompts, setup(qwen3_tok), chunk=2)
+    whole, _, summary = reconstruct_tables(responses, prompts, setup(qwen3_tok))
+    chunked, _, summary2 = reconstruct_tables(responses, prompts, setup(qwen3_tok), chunk=2)
     assert whole.equals(chunked) and summary == summary2
     # The provider bills without the end token: learned from the truth rows, and every residual
     # (the text-only row's included) is 0 under it.
@@ -61,8 +62,8 @@ def test_billing_mismatch_quarantines_only_when_asked(qwen3_tok):
     bills[0] += 3
     responses = responses.set_column(responses.schema.get_field_index("billed_completion_tokens"),
                                      "billed_completion_tokens", pa.array(bills, pa.int64()))
-    kept, _, _ = reconstruct_table(responses, prompts, setup(qwen3_tok), "keep")
-    quarantined, result, _ = reconstruct_table(responses, prompts, setup(qwen3_tok), "quarantine")
+    kept, _, _ = reconstruct_tables(responses, prompts, setup(qwen3_tok), "keep")
+    quarantined, result, _ = reconstruct_tables(responses, prompts, setup(qwen3_tok), "quarantine")
     assert kept.column("quarantine_reason").null_count == 5
     assert quarantined.column("quarantine_reason").to_pylist()[0] == "billing_mismatch"
     assert result.counts["quarantine"] == {"billing_mismatch": 1}
@@ -70,7 +71,7 @@ def test_billing_mismatch_quarantines_only_when_asked(qwen3_tok):
 
 def test_the_report_counts_per_dataset_and_the_mismatch_rate_only_where_truth_is_known(qwen3_tok):
     responses, prompts = tables(qwen3_tok)
-    table, _, summary = reconstruct_table(responses, prompts, setup(qwen3_tok))
+    table, _, summary = reconstruct_tables(responses, prompts, setup(qwen3_tok))
     report = mismatch_report(table, summary)
     assert report["datasets"]["a"]["unknown"] == 1 and report["datasets"]["a"]["exact"] == 1
     assert report["datasets"]["b"]["exact"] == 3 and report["datasets"]["all"]["rows"] == 5
@@ -114,11 +115,11 @@ def test_the_cyclic_collector_is_paused_during_the_run_and_left_as_it_was(qwen3_
     monkeypatch.setattr(t, "reconstruct", lambda *a, **k: seen.append(gc.isenabled()) or real(*a, **k))
     responses, prompts = tables(qwen3_tok)
     assert gc.isenabled()
-    reconstruct_table(responses, prompts, setup(qwen3_tok))
+    reconstruct_tables(responses, prompts, setup(qwen3_tok))
     assert gc.isenabled() and seen == [False]
     gc.disable()
     try:
-        reconstruct_table(responses, prompts, setup(qwen3_tok))
+        reconstruct_tables(responses, prompts, setup(qwen3_tok))
         assert not gc.isenabled()
     finally:
         gc.enable()
@@ -136,28 +137,28 @@ def test_the_bytes_index_is_built_for_logprobs_rows_without_truth_and_only_then(
                                         "top_logprobs": []} for i in ids]})
     rows = responses.to_pylist()
     rows[0]["logprobs"], rows[2]["logprobs"] = logprobs, ""      # row 0 has truth ids; row 2's are empty
-    table, _, _ = reconstruct_table(pa.Table.from_pylist(rows, schema=schema.responses()), prompts, setup(qwen3_tok))
+    table, _, _ = reconstruct_tables(pa.Table.from_pylist(rows, schema=schema.responses()), prompts, setup(qwen3_tok))
     assert built == [] and table.column("method").to_pylist() == ["truth", "text", "truth"]
     rows[1]["logprobs"] = logprobs                                  # row 1 has none: the index is needed
-    table, _, _ = reconstruct_table(pa.Table.from_pylist(rows, schema=schema.responses()), prompts, setup(qwen3_tok))
+    table, _, _ = reconstruct_tables(pa.Table.from_pylist(rows, schema=schema.responses()), prompts, setup(qwen3_tok))
     assert built == [1] and table.column("method").to_pylist() == ["truth", "logprobs", "truth"]
 
 
 @pytest.mark.parametrize("shuffled", [False, True])
-def test_the_streamed_files_equal_the_in_memory_table_in_and_out_of_prompt_order(tmp_path, qwen3_tok, shuffled):
+def test_responses_out_of_prompt_order_and_small_chunks_give_the_same_rows(tmp_path, qwen3_tok, shuffled):
     import pyarrow.parquet as pq
 
     from draftgate.reconstruct.table import PromptsInStep, reconstruct_files
 
     responses, prompts = tables(qwen3_tok, n=9)
-    if shuffled:
-        responses = responses.take([4, 0, 8, 2, 6, 1, 3, 5, 7])
+    ordered, result, summary = reconstruct_tables(responses, prompts, setup(qwen3_tok))   # one chunk
+    order = [4, 0, 8, 2, 6, 1, 3, 5, 7] if shuffled else list(range(9))
+    responses = responses.take(order)
     pq.write_table(responses, tmp_path / "responses.parquet")
     pq.write_table(prompts, tmp_path / "prompts.parquet")
-    whole, result, summary = reconstruct_table(responses, prompts, setup(qwen3_tok))
     counts, summary2, rows = reconstruct_files(tmp_path / "responses.parquet", tmp_path / "prompts.parquet",
                                                tmp_path / "out" / "tokens.parquet", setup(qwen3_tok), chunk=2)
-    assert pq.read_table(tmp_path / "out" / "tokens.parquet").equals(whole) and rows == 9
+    assert pq.read_table(tmp_path / "out" / "tokens.parquet").equals(ordered.take(order)) and rows == 9
     assert summary2 == summary and counts.counts == result.counts
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tokens.parquet"]   # no part file left
     step = PromptsInStep(tmp_path / "prompts.parquet")

@@ -28,20 +28,7 @@ from draftgate.reconstruct.logprobs import BytesIndex
 CHUNK = 1024
 MATCHES = ("exact", "bpe_only", "semantic", "unknown")
 PROMPT_COLUMNS = ["prompt_id", "dataset", "messages", "tools", "split"]
-def reconstruct_table(responses: Any, prompts: Any, setup: Setup, on_billing_mismatch: str = "keep",
-                      chunk: int = CHUNK, billing_params: Any = None) -> tuple[Any, Result, dict]:
-    """In memory, for tests and benchmarks: the same passes as `reconstruct_files`."""
-    import pyarrow as pa
 
-    from draftgate import schema
-
-    with _collector_paused():
-        rows = {p["prompt_id"]: p for p in prompts.select(PROMPT_COLUMNS).to_pylist()}
-        first = _FirstPass(setup, lambda ids: rows, _LazyIndex(setup))
-        parts = [t for t in first.run(responses.to_batches(max_chunksize=chunk))]
-        table = pa.concat_tables(parts) if parts else schema.tokens().empty_table()
-        settled, summary = first.settle(billing_params or BillingParams(), on_billing_mismatch)
-        return first.with_settled(table, settled, 0), first.total, summary
 
 
 def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, setup: Setup,
