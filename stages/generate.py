@@ -103,10 +103,11 @@ def target(params: Any, remote: Any) -> Iterator[Any]:
     if params.generate.backend != "local":
         yield remote(params.generate)
         return
+    from draftgate.client.target import env_secrets
     from draftgate.serve.local import running, served_identity
 
-    with running(params.serve) as url:
-        yield Target(url, identity=served_identity(url))
+    with running(params.serve) as url:   # no key is sent, but one in the environment is never written
+        yield Target(url, identity=served_identity(url), extra_secrets=env_secrets(params.generate))
 
 
 def journal_figures(path: Path, index: Any = None) -> dict[str, Any]:

@@ -1,9 +1,22 @@
 """The responses journal: one JSON line per finished request, durable before anything else happens.
 
 Writes are group commits: lines finished in the same instant are written together, fsynced once,
-and only then do their waiters continue (stats, progress, budget). A `kill -9` therefore loses at
-most the requests still in flight. A torn last line (a crash mid-write) is detected on the next
-open: it is counted, terminated with a newline so the next append cannot glue onto it, and ignored.
+and only then do their waiters continue (stats, progress, budget, or the request itself). A
+`kill -9` therefore loses at most the answers still in flight. A torn last line (a crash
+mid-write) is detected on the next open: it is counted, terminated with a newline so the next
+append cannot glue onto it, and ignored.
+
+Write-ahead budget. Before any HTTP request is sent (a first try or a retry), a reservation line
+is committed: `{"status": "reserved", "reservation": ID, "prompt_id", "request_hash", "attempt",
+"worst_case_usd"}`, the request's worst case at generate.price (client/budget.py). The prompt's
+finished line settles every reservation it lists in `reservations` with what its attempts really
+cost (`budget.line_cost`). A reservation no finished line settles is a request a killed run sent,
+or was about to send, whose answer never reached the journal; the provider may have generated and
+billed it, so it counts at its worst case, for good. What the journal has cost is therefore
+`sum(line_cost of finished lines) + sum(worst_case_usd of unsettled reservations)`
+(`JournalIndex.spent_usd`), and the budget bounds that figure. A torn reservation line was never
+fsynced, so its request was never sent: ignored like any torn line. A free request (worst case 0:
+a local or zero-priced backend) reserves nothing and writes no reservation line.
 
 Resume policy: a prompt is done when the journal holds, under its current request hash, an `ok`
 line or a `failed` line of kind `permanent` (400/403: the same request would fail again). Failures
@@ -52,9 +65,15 @@ def encode_line(record: dict[str, Any]) -> bytes:
 
 @dataclass
 class JournalScan:
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)   # finished lines (ok | failed)
     torn_tail: bool = False                              # last line had no newline
     bad_lines: list[int] = field(default_factory=list)   # 1-based line numbers that did not parse
+    reservations: int = 0                                # reservation lines (module docstring)
+    unsettled: dict[str, float] = field(default_factory=dict)   # reservation id -> worst case, unsettled
+
+    @property
+    def unsettled_usd(self) -> float:
+        return sum(self.unsettled.values())
 
 
 def read_journal(path: str | Path) -> JournalScan:
@@ -67,23 +86,48 @@ def read_journal(path: str | Path) -> JournalScan:
     for n, line in enumerate(lines, start=1):
         rec = _parse(line) if line else None
         if rec is not None:
-            scan.records.append(rec)
+            scan_line(scan, rec)
         elif line:
             scan.bad_lines.append(n)   # e.g. a torn fragment of an earlier crash, terminated since
     if tail:
         rec = _parse(tail)   # a torn tail that parses lost only its newline: a whole record
         if rec is not None:
-            scan.records.append(rec)
+            scan_line(scan, rec)
         else:
             scan.torn_tail = True
     return scan
 
 
+def scan_line(scan: JournalScan, rec: dict[str, Any]) -> None:
+    if rec["status"] == "reserved":
+        scan.reservations += 1
+        scan.unsettled[rec["reservation"]] = float(rec["worst_case_usd"])
+        return
+    scan.records.append(rec)
+    settle(scan.unsettled, rec)
+
+
+def settle(unsettled: dict[str, float], rec: dict[str, Any]) -> None:
+    """A finished line settles the reservations it lists (module docstring)."""
+    for rid in rec.get("reservations") or ():
+        unsettled.pop(rid, None)
+
+
 def _parse(line: bytes) -> dict[str, Any] | None:
+    """A finished line (status ok | failed) or a reservation line; None for anything else."""
     rec = loads(line)
-    if not isinstance(rec, dict) or not isinstance(rec.get("prompt_id"), str) or rec.get("status") not in ("ok", "failed"):
+    if not isinstance(rec, dict) or not isinstance(rec.get("prompt_id"), str):
         return None
-    return rec
+    status = rec.get("status")
+    if status in ("ok", "failed"):
+        return rec
+    if status == "reserved" and isinstance(rec.get("reservation"), str) and _amount(rec.get("worst_case_usd")):
+        return rec
+    return None
+
+
+def _amount(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
 
 
 def loads(line: bytes) -> Any:
@@ -141,7 +185,9 @@ class JournalIndex:
     def __init__(self) -> None:
         from array import array
 
-        self.spent_usd = 0.0
+        self.spent_usd = 0.0          # finished lines' costs + unsettled reservations at worst case
+        self.unsettled: dict[str, float] = {}   # reservation id -> worst case (module docstring)
+        self._complete_unsettled: dict[str, float] | None = None   # as of the last complete line
         self.torn_tail = False
         self.bad_lines: list[int] = []
         self.records = 0
@@ -170,8 +216,13 @@ class JournalIndex:
                 whole = line.endswith(b"\n")
                 body = line[:-1] if whole else line
                 rec = _parse(body) if body else None
-                if rec is not None:
+                if rec is not None and not whole:
+                    idx._complete_unsettled = dict(idx.unsettled)   # the cache keeps complete lines only
+                if rec is not None and rec["status"] == "reserved":
+                    idx.unsettled[rec["reservation"]] = float(rec["worst_case_usd"])
+                elif rec is not None:
                     idx._add(rec, off, len(body), cost(rec) if cost is not None else 0.0)
+                    settle(idx.unsettled, rec)
                 elif body and whole:
                     idx.bad_lines.append(n)   # a torn fragment of an earlier crash, terminated since
                 elif body:
@@ -183,8 +234,12 @@ class JournalIndex:
             idx.complete_sha256 = digest.hexdigest()
         if cache and idx.complete_bytes > first:
             idx._save_cache(cache, code)
-        idx.spent_usd = float(sum(idx._cols["cost"]))
+        idx.spent_usd = float(sum(idx._cols["cost"])) + idx.unsettled_usd
         return idx._sorted()
+
+    @property
+    def unsettled_usd(self) -> float:
+        return float(sum(self.unsettled.values()))
 
     def _load_cache(self, f: Any, cache: str | Path, code: str) -> Any:
         """Take the cached scan when it is of this journal's first bytes and was derived by this
@@ -197,7 +252,8 @@ class JournalIndex:
                 meta = json.loads(str(z["meta"]))
                 cols = {name: z[name] for name, _ in self.COLUMNS}
                 bad = z["bad_lines"].tolist()
-        except (OSError, ValueError, KeyError):
+                unsettled = {str(k): float(v) for k, v in meta["unsettled"].items()}
+        except (OSError, ValueError, KeyError, AttributeError):
             return digest
         size = meta.get("bytes", -1)
         if meta.get("code") != code or not 0 < size <= os.fstat(f.fileno()).st_size:
@@ -213,6 +269,7 @@ class JournalIndex:
             self._cols[name].frombytes(cols[name].tobytes())
         self.bad_lines, self.records = bad, len(self._cols["key"])
         self.complete_bytes, self.complete_lines = size, meta["lines"]
+        self.unsettled = unsettled
         return digest
 
     def _save_cache(self, cache: str | Path, code: str) -> None:
@@ -220,8 +277,9 @@ class JournalIndex:
 
         from draftgate.io import atomic_path
 
+        unsettled = self.unsettled if self._complete_unsettled is None else self._complete_unsettled
         meta = {"bytes": self.complete_bytes, "lines": self.complete_lines, "sha256": self.complete_sha256,
-                "code": code}
+                "code": code, "unsettled": unsettled}
         # Only the complete lines: a tail without its newline is read again next time (a record
         # then, or a bad line once terminated). Offsets grow with the lines.
         n = int(np.searchsorted(np.frombuffer(self._cols["off"], dtype=np.int64), self.complete_bytes))
@@ -373,10 +431,19 @@ def is_done(rec: dict[str, Any]) -> bool:
 
 
 class Journal:
-    """Append-only, group-committed, fsynced. Use as `async with Journal(path) as j`."""
+    """Append-only, group-committed, fsynced. Use as `async with Journal(path) as j`.
 
-    def __init__(self, path: str | Path):
+    `secrets`: no line is written with one in it. The client cuts them out where they arrive
+    (redact.py); a line that still holds one (a field that path missed) is redacted here, every
+    field, and counted in `redacted_lines`."""
+
+    def __init__(self, path: str | Path, secrets: tuple[str, ...] = ()):
+        from draftgate.client.redact import line_needles
+
         self.path = Path(path)
+        self.secrets = tuple(s for s in secrets if s)
+        self._needles = line_needles(self.secrets)
+        self.redacted_lines = 0
         self._fd: int | None = None
         self._pending: list[tuple[bytes, asyncio.Future]] = []
         self._writer: asyncio.Task | None = None
@@ -404,6 +471,8 @@ class Journal:
 
     async def append(self, record: dict[str, Any]) -> None:
         line = encode_line(record)
+        if self._needles and any(n in line for n in self._needles):
+            line = self._redacted(record)
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((line, fut))
         if self._writer is None or self._writer.done():
@@ -430,6 +499,15 @@ class Journal:
             for _, fut in batch:
                 if not fut.done():
                     fut.set_result(None)
+
+    def _redacted(self, record: dict[str, Any]) -> bytes:
+        from draftgate.client.redact import REDACTED, redact_record
+
+        self.redacted_lines += 1
+        line = encode_line(redact_record(record, self.secrets))
+        for n in self._needles:   # what is left can only be an escape redact() cannot see
+            line = line.replace(n, REDACTED.encode())
+        return line
 
     def _commit(self, data: bytes) -> None:
         assert self._fd is not None, "Journal used outside `async with`"

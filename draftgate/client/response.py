@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from json.decoder import scanstring
 from typing import Any
+
+from draftgate.client.redact import holds_secret, redact, replace_secrets, scrub_bytes
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
@@ -66,6 +68,51 @@ class Completion:
     logprobs: str | None            # raw JSON text
     token_ids: list[int] | None
     prompt_token_ids: list[int] | None
+    # Fields a secret was cut out of (scrub); empty when none held one.
+    redacted: tuple[str, ...] = ()
+
+
+# The model's own output: a secret in any of these means the answer can no longer be rebuilt
+# exactly (the row is quarantined downstream: redact.py).
+MODEL_OUTPUT = ("reasoning", "reasoning_details", "content", "tool_calls", "logprobs", "token_ids")
+RAW_JSON = ("reasoning_details", "tool_calls", "logprobs")   # kept as source text (raw_span)
+# These spell the output token by token, so a secret cut out of the text would survive in them
+# in pieces: an answer whose text held one keeps neither (it is quarantined anyway).
+SPELLED = ("logprobs", "token_ids")
+
+
+def scrub(comp: Completion, secrets: tuple[str, ...]) -> Completion:
+    """`comp` without the secrets, naming the fields they were cut out of in `redacted`.
+
+    Exact string replacement on each field as received: on the decoded text of the string
+    fields, on the source text of the raw JSON ones (so nothing is re-serialised). A raw JSON
+    field that still decodes to a secret held it escaped (`\\u0073k-...`): it is rebuilt from its
+    redacted value, which is why the row is quarantined and never rebuilt from it.
+    """
+    if not secrets:
+        return comp
+    changed: dict[str, Any] = {}
+    for f in fields(Completion):
+        value = getattr(comp, f.name)
+        if value is None or f.name == "redacted":
+            continue
+        if isinstance(value, str):
+            new = replace_secrets(value, secrets)
+            if f.name in RAW_JSON and "\\" in new:
+                decoded = json.loads(new)
+                if holds_secret(decoded, secrets):
+                    new = json.dumps(redact(decoded, secrets, patterns=False), ensure_ascii=False)
+        elif holds_secret(value, secrets):
+            new = redact(value, secrets, patterns=False)
+        else:
+            continue
+        if new is not value and new != value:
+            changed[f.name] = new
+    if not changed:
+        return comp
+    if set(changed) & set(MODEL_OUTPUT):
+        changed.update({k: None for k in SPELLED if getattr(comp, k) is not None})
+    return replace(comp, **changed, redacted=tuple(sorted(changed)))
 
 
 @dataclass(frozen=True)
@@ -77,18 +124,23 @@ class ErrorInfo:
     usage: dict[str, Any] | None    # a billed error: its cost is wasted spend
 
 
-def parse_completion(raw: bytes) -> Completion:
-    """Raise BadBody(cause) for a 200 that must be retried: error body, empty or junk output, ..."""
+def parse_completion(raw: bytes, secrets: tuple[str, ...] = ()) -> Completion:
+    """Raise BadBody(cause) for a 200 that must be retried: error body, empty or junk output, ...
+
+    `secrets`: cut out of every field (scrub) before anything, a BadBody's detail included, is
+    derived from the answer."""
     try:
         text = raw.decode("utf-8")
         obj = json.loads(text)
     except (UnicodeDecodeError, ValueError) as e:
-        raise BadBody("malformed_json", f"{e} (first bytes: {raw[:80]!r})") from None
+        raise BadBody("malformed_json", f"{e} (first bytes: {scrub_bytes(raw, secrets)[:80]!r})") from None
     if not isinstance(obj, dict):
         raise BadBody("malformed_json", f"top level is {type(obj).__name__}, not an object")
     usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    if usage is not None and holds_secret(usage, secrets):
+        usage = redact(usage, secrets, patterns=False)
     if obj.get("error") is not None:
-        info = _error_info(obj)
+        info = _error_info(redact(obj, secrets, patterns=False) if secrets else obj)
         raise BadBody("error_body", info.message, usage, error=info)
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -110,12 +162,13 @@ def parse_completion(raw: bytes) -> Completion:
         token_ids=token_ids if isinstance(token_ids, list) else None,
         prompt_token_ids=obj.get("prompt_token_ids") if isinstance(obj.get("prompt_token_ids"), list) else None,
     )
-    if choice.get("finish_reason") == "error":
-        raise BadBody("finish_error", f"finish_reason error (native: {choice.get('native_finish_reason')})",
-                      usage, comp)
+    comp = scrub(comp, secrets)
+    content, reasoning = comp.content, comp.reasoning
+    if comp.finish_reason == "error":
+        raise BadBody("finish_error", f"finish_reason error (native: {comp.native_finish_reason})", usage, comp)
     if not content and not reasoning and not calls and not details:
         raise BadBody("empty_output", f"no content, reasoning or tool calls "
-                                      f"(finish_reason {choice.get('finish_reason')})", usage, comp)
+                                      f"(finish_reason {comp.finish_reason})", usage, comp)
     junk = junk_reason(content)
     if junk is not None:
         raise BadBody(junk, f"content is {_JUNK_TEXT[junk]} (provider {comp.provider}): {content[:200]!r}",
@@ -158,12 +211,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")   # as DuckDB's json_valid says: keeps both rules alike
 
 
-def error_info(raw: bytes) -> ErrorInfo:
-    """The error body of a non-2xx answer, tolerating anything that is not one."""
+def error_info(raw: bytes, secrets: tuple[str, ...] = ()) -> ErrorInfo:
+    """The error body of a non-2xx answer, tolerating anything that is not one; `secrets` are
+    cut out of the raw bytes and, where JSON escapes hid them there, out of the parsed values."""
+    raw = scrub_bytes(raw, secrets)
     try:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return ErrorInfo(raw[:200].decode("utf-8", "replace"), {}, None, None)
+    if secrets and holds_secret(obj, secrets):
+        obj = redact(obj, secrets, patterns=False)
     if not isinstance(obj, dict):
         return ErrorInfo(str(obj)[:200], {}, None, None)
     return _error_info(obj)

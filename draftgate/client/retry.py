@@ -50,11 +50,12 @@ class Policy:
         return exp * (0.75 + 0.25 * rng.random())   # jitter down to 75%, like openai-python
 
 
-def classify_status(status: int, headers: Mapping[str, str], body: bytes) -> Verdict | None:
-    """None for a 2xx (parse it); otherwise the verdict."""
+def classify_status(status: int, headers: Mapping[str, str], body: bytes,
+                    secrets: tuple[str, ...] = ()) -> Verdict | None:
+    """None for a 2xx (parse it); otherwise the verdict (its detail without `secrets`: redact.py)."""
     if 200 <= status < 300:
         return None
-    info = error_info(body)
+    info = error_info(body, secrets)
     source = str(info.metadata.get("limit_source") or "")
     detail = (f"HTTP {status} {info.message}" + (f" (provider {info.provider})" if info.provider else "")
               + (f" (limit_source {source})" if source else ""))

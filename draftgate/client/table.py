@@ -13,6 +13,11 @@ prompt estimate plus max_tokens at generate.price; `worst_case_usd` in the journ
 client/budget.py), so the table's sum can exceed the provider's invoice; it falls short only if
 generate.price is below the real price. `wasted_cost_usd` is the part that bought no kept answer
 (billed failures and those worst cases).
+
+`redacted`: a secret was cut out of the row's model output (client/redact.py), so it cannot be
+rebuilt exactly; reconstruct quarantines it (`secret_in_output`). Wall times (`latency_s`,
+`elapsed_s`, `finished_at`) stay in the journal and the metrics: in this DVC output they would
+change its bytes on every run and make everything downstream rerun.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Callable, Iterator
 
 from draftgate.client.journal import latest
 from draftgate.client.request import Prompt
+from draftgate.client.response import MODEL_OUTPUT
 
 
 def responses_table(prompts: list[Prompt], hashes: dict[str, str], records: list[dict[str, Any]],
@@ -48,12 +54,13 @@ def responses_table(prompts: list[Prompt], hashes: dict[str, str], records: list
 FIELDS = ("prompt_id", "dataset", "request_hash", "status", "failure_reason", "generation_id", "provider",
           "model", "finish_reason", "native_finish_reason", "reasoning", "reasoning_details", "content",
           "tool_calls", "billed_prompt_tokens", "billed_completion_tokens", "billed_reasoning_tokens",
-          "cost_usd", "wasted_cost_usd", "logprobs", "truth_ids", "prompt_token_ids", "attempts", "latency_s")
+          "cost_usd", "wasted_cost_usd", "logprobs", "truth_ids", "prompt_token_ids", "attempts", "redacted")
 STATUS, FAILURE_REASON, COST = FIELDS.index("status"), FIELDS.index("failure_reason"), FIELDS.index("cost_usd")
 TEXT_FIELDS = ("reasoning", "reasoning_details", "content", "tool_calls", "logprobs")
 # What a failed row shows of its last attempt's answer (a junk 200), when there was one.
 SHOWN_FIELDS = ("generation_id", "model", "finish_reason", "native_finish_reason", *TEXT_FIELDS, "usage",
-                "token_ids", "prompt_token_ids")
+                "token_ids", "prompt_token_ids", "redacted")
+_MODEL_OUTPUT = frozenset(MODEL_OUTPUT)
 
 
 def _row(prompt_id: str, dataset: str, rhash: str, rec: dict[str, Any], utf8_known: bool = False) -> tuple:
@@ -77,12 +84,13 @@ def _row(prompt_id: str, dataset: str, rhash: str, rec: dict[str, Any], utf8_kno
             _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
             _int(details.get("reasoning_tokens")),
             (get("cost_usd") or 0.0) + (wasted or 0.0) if ok else wasted, wasted,
-            get("logprobs"), get("token_ids"), get("prompt_token_ids"), get("attempts"), get("latency_s"))
+            get("logprobs"), get("token_ids"), get("prompt_token_ids"), get("attempts"),
+            not _MODEL_OUTPUT.isdisjoint(get("redacted") or ()))
 
 
 def _unsent(prompt_id: str, dataset: str, rhash: str, stop_reason: str | None) -> tuple:
     reason = f"unsent_{stop_reason}" if stop_reason else "unsent"
-    return (prompt_id, dataset, rhash, "failed", reason, *_NONE[:12], 0.0, 0.0, None, None, None, 0, None)
+    return (prompt_id, dataset, rhash, "failed", reason, *_NONE[:12], 0.0, 0.0, None, None, None, 0, False)
 
 
 _NONE = (None,) * 12   # generation_id .. billed_reasoning_tokens

@@ -3,6 +3,8 @@
 `openrouter` and `openai` take the key from the environment variable `generate.api_key_env`
 names, and only from there. `local` is not the client's business: the generate stage starts the
 local server (draftgate.serve) and hands the client a Target with the server's URL and identity.
+Every Target carries that variable's value among its secrets (`env_secrets`), sent or not: it is
+never written anywhere (client/redact.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ class TargetError(ValueError):
     """A backend that cannot be used as configured; the message says what to set."""
 
 
+def env_secrets(gp: GenerateParams) -> tuple[str, ...]:
+    """The value of the variable generate.api_key_env names, when set: a secret whatever the backend."""
+    key = os.environ.get(gp.api_key_env)
+    return (key,) if key else ()
+
+
 def target_for(gp: GenerateParams) -> Target:
     if gp.backend == "local":
         raise TargetError("backend local has no remote target: the generate stage starts the local server "
@@ -33,12 +41,13 @@ def target_for(gp: GenerateParams) -> Target:
         headers = {"X-Title": gp.app_title}
         if gp.http_referer:
             headers["HTTP-Referer"] = gp.http_referer
-        return Target(check_key_transport(gp.base_url or OPENROUTER_URL, key, gp.api_key_env), key, headers)
+        return Target(check_key_transport(gp.base_url or OPENROUTER_URL, key, gp.api_key_env), key, headers,
+                      extra_secrets=env_secrets(gp))
     if not gp.base_url:
         raise TargetError("generate.base_url is required for backend openai (e.g. http://host:8000/v1)")
     if key is None:
         print(f"generate: {gp.api_key_env} is not set; sending requests without an API key", file=sys.stderr)
-    return Target(check_key_transport(gp.base_url, key, gp.api_key_env), key)
+    return Target(check_key_transport(gp.base_url, key, gp.api_key_env), key, extra_secrets=env_secrets(gp))
 
 
 def check_key_transport(base_url: str, key: str | None, env: str) -> str:

@@ -4,7 +4,7 @@ Providers hand back the model's output cut into `reasoning`, `content` and `tool
 with their own quirks (docs/openrouter.md). This module undoes the quirks it can undo exactly,
 names every one it applied, and quarantines (with a reason code) what cannot be exact:
 summarised or encrypted reasoning, tool arguments that arrived as parsed JSON instead of the
-verbatim string, unparseable tool-call arrays, failed requests.
+verbatim string, unparseable tool-call arrays, failed requests, answers a secret was cut out of.
 
 Pure: a dict row in, a `Normalised` out. No tokenizer here.
 """
@@ -55,6 +55,10 @@ def normalise(row: dict[str, Any], dialect: Dialect) -> Normalised:
     if row.get("status") != "ok":
         reason = row.get("failure_reason") or "unknown"
         return Normalised(None, (), f"response_failed:{reason}")
+    if row.get("redacted"):
+        # The client cut a secret (the API key) out of this answer: its text is no longer what
+        # the model produced (client/redact.py).
+        return Normalised(None, (), "secret_in_output")
     finish = row.get("finish_reason")
     if finish not in FINISHED:
         # content_filter / error / None: the text is not a whole model output.

@@ -7,6 +7,9 @@ is under exact control: status codes with Retry-After, resets, hangs past the cl
 keep-alive bytes before the body (chunked), slow answers, and provider quirks seen on OpenRouter:
 junk 200s (a provider error leaked into `content`, content parts serialised as JSON or as a Python
 repr), a provider's 429 naming it in `error.metadata`, and error bodies that carry billed `usage`.
+`echo_key` answers ok with the request's own Bearer key echoed into the content, the reasoning, a
+tool call's arguments, the generation id and the `provider` field (`echo_key_escaped`: the same,
+every character of the key written as a JSON \\u escape), as a careless or hostile provider could.
 
 What a request gets is decided by its key (the text of the last message) and how many times that
 key was seen: `Script.per_key[key]` lists actions for attempts 1, 2, ... (then "ok"); otherwise a
@@ -40,6 +43,8 @@ RETRYABLE_FAULTS = (
 FINAL_FAULTS = ("http_400", "http_401", "http_402_credits", "http_403", "http_403_key_limit")
 # Successful answers with a twist the client must tolerate.
 BENIGN = ("ok", "keepalive_ws", "slow")
+# Ok answers that carry the request's key back (client/redact.py must keep it out of every file).
+ECHOES = ("echo_key", "echo_key_escaped")
 QUIRKS = ("think_in_content", "bare_tool_ids", "trim_reasoning", "logprobs_null", "model_slug")
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 402: "Payment Required",
@@ -178,12 +183,16 @@ class ScriptedServer:
         self.log.append(Arrival(time.monotonic(), key, attempt, action))
         lo, hi = s.delay_s
         delay = self._rng.uniform(lo, hi) if hi > 0 else 0.0
-        self._act(conn, action, request, key, delay)
+        self._act(conn, action, request, key, delay, _bearer(header_block))
 
-    def _act(self, conn: "_Conn", action: str, request: dict, key: str, delay: float) -> None:
+    def _act(self, conn: "_Conn", action: str, request: dict, key: str, delay: float,
+             bearer: str | None = None) -> None:
         s = self.script
         ra = {"Retry-After": _seconds(s.retry_after_s), "retry-after-ms": str(int(s.retry_after_s * 1000))}
-        if action in ("ok", "slow", "keepalive_ws"):
+        if action in ECHOES:
+            conn.send_later(delay, _http(200, _echo_body(request, key, s, bearer or "no-key-sent",
+                                                        escaped=action == "echo_key_escaped")))
+        elif action in ("ok", "slow", "keepalive_ws"):
             reply = s.replies.get(key)
             if isinstance(reply, str):
                 body = reply.encode()
@@ -249,7 +258,7 @@ class ScriptedServer:
             conn.send_later(delay, _http(code, _error(code, f"scripted {code}")))
         else:
             raise ValueError(f"unknown scripted action {action!r}; known: "
-                             f"{', '.join(BENIGN + RETRYABLE_FAULTS + FINAL_FAULTS)}")
+                             f"{', '.join(BENIGN + ECHOES + RETRYABLE_FAULTS + FINAL_FAULTS)}")
 
 
 # ---------------------------------------------------------------- responses
@@ -300,6 +309,22 @@ def _completion(request: dict, key: str, s: Script, message: dict | None = None)
         choice["token_ids"] = list(content.encode())[:64] + [2]
         out["prompt_token_ids"] = [1, 2, 3]
     return out
+
+
+_MARK = "KEY-ECHO-MARK"
+
+
+def _echo_body(request: dict, key: str, s: Script, bearer: str, escaped: bool) -> bytes:
+    """An ok answer with `bearer` in its content, reasoning, tool-call arguments, id and provider."""
+    message = {"role": "assistant", "content": f"Answer to {key}. Your key is {_MARK}.",
+               "reasoning": f"The request said Authorization: Bearer {_MARK}",
+               "tool_calls": [{"id": "functions.echo:0", "type": "function", "index": 0,
+                               "function": {"name": "echo", "arguments": json.dumps({"key": _MARK})}}]}
+    c = _completion(request, key, s, message)
+    c["id"], c["provider"] = f"gen-{_MARK}", f"{s.provider} ({_MARK})"
+    # The key's characters, as a provider might spell them: as is, or each one \u-escaped.
+    spelled = "".join(f"\\u{ord(ch):04x}" for ch in bearer) if escaped else bearer
+    return _body_bytes(c).replace(_MARK.encode(), spelled.encode())
 
 
 def _body_bytes(obj: Any) -> bytes:
