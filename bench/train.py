@@ -30,11 +30,11 @@ def bare_loop(model, batches, teacher, cfg) -> float:
     """Forward, loss, backward, clip, step over pre-collated batches; seconds."""
     import torch
 
-    from draftgate.drafter.train import step_losses
+    from draftgate.drafter.train import step_losses, step_weights
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
-    weights = cfg.step_weights()
+    weights = step_weights(cfg)
     model.train()
     start = time.perf_counter()
     for batch in batches:
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     vmap, prompt_ids, counts = vocab_from_tokens(args.tokens, params.drafter.splits,
                                                  params.drafter.draft_vocab_size, target.vocab_size)
     prompt_ids = prompt_ids[: args.rows]
-    cfg = dataclasses.replace(tr.TrainConfig.from_params(params.drafter), epochs=args.epochs, checkpoint_every=0)
+    # threads=None: both loops run at the process's threads (OMP_NUM_THREADS), recorded below.
+    cfg = dataclasses.replace(params.drafter, epochs=args.epochs, checkpoint_every=0, threads=None)
     teacher = tr.Teacher.from_target(target, vmap, device)
     results = {"rows": len(prompt_ids), "epochs": cfg.epochs, "ttt_steps": cfg.ttt_steps,
                "batch_tokens": cfg.batch_tokens, "draft_vocab_size": vmap.size, "device": device,

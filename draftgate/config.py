@@ -336,6 +336,11 @@ class DrafterParams:
     init_from: str | None = None
     export_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     speculative_tokens: Positive = 3        # the speculators config's proposal method
+    # torch's CPU threads while training: the bytes of the drafter depend on the count (CPU kernels
+    # split reductions by thread), so it is fixed here, not left to the core count. 2: the count
+    # the committed run had (this 2-core machine's default); raise it for speed, knowing the
+    # drafter's bytes (not its quality) change. null: torch's default (machine-dependent).
+    threads: Positive | None = 2
 
 
 @dataclass(frozen=True)

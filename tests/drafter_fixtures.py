@@ -18,7 +18,7 @@ from hidden_fixtures import token_rows, write_gate, write_tokens
 
 TINY = {"draft_vocab_size": 96, "ttt_steps": 3, "ttt_decay": 0.8, "epochs": 6, "batch_tokens": 256,
         "lr": 0.003, "warmup_fraction": 0.0, "checkpoint_every": 2, "device": "cpu",
-        "export_dtype": "float32", "seed": 0}
+        "export_dtype": "float32", "seed": 0, "threads": 1}   # 1: the suite's OMP_NUM_THREADS
 
 
 @dataclass

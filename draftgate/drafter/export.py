@@ -190,9 +190,8 @@ def export(model: Eagle3Drafter, out_dir: str | Path, layout: Literal["sglang", 
            speculative_tokens: int = 3) -> Path:
     """Write one layout atomically: a temp folder beside `out_dir`, renamed over it when complete."""
     import torch
-    from safetensors.torch import save_file
 
-    from draftgate.io import new_temp_dir
+    from draftgate.io import new_temp_dir, write_safetensors
 
     c = model.config
     layers = aux_layer_conventions(list(c.aux_layers))
@@ -207,7 +206,8 @@ def export(model: Eagle3Drafter, out_dir: str | Path, layout: Literal["sglang", 
     out_dir = Path(out_dir)
     tmp = new_temp_dir(out_dir.parent, out_dir.name)
     try:
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        # safetensors' save_file would make it 0600 whatever the umask (draftgate/io.py).
+        write_safetensors(tmp / WEIGHTS, tensors, {"format": "pt"})
         _write_json(tmp / "config.json", cfg)
         _write_json(tmp / INFO, {"format": INFO_FORMAT, "layout": layout, "dtype": dtype,
                                  "drafter_config": c.to_dict(), "aux_layers": layers, **info})
@@ -421,10 +421,15 @@ def load_drafter(export_dir: str | Path, embed: Any = None, device: str = "cpu")
 
 
 def target_embedding(target: dict[str, Any]) -> Any:
-    """The target's input embedding, read by name from its safetensors files."""
+    """The target's input embedding, read by name from its safetensors files (the embedded
+    target's from its cache entry: the manifest names it, draftgate/hidden/target.py)."""
     from safetensors import safe_open
 
     path = Path(target.get("path") or "")
+    if target.get("kind") == "embedded":
+        from draftgate.serve.model import cached_weights
+
+        path = Path(cached_weights().path)
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     for f in files:
         with safe_open(str(f), framework="pt") as st:

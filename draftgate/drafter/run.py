@@ -114,10 +114,10 @@ def run(params: Params, *, hidden_dir: Path, tokens_path: Path, gate: Path, out:
     tr.init_distributed(s.device)
     rank, size = tr.world()
     model = build_model(params, s)
-    cfg = tr.TrainConfig.from_params(params.drafter)
+    cfg = params.drafter
     teacher = tr.Teacher.from_target(s.target, s.vmap, s.device)
     t1 = time.perf_counter()
-    rows = tr.prepare_rows(s.source, s.prompt_ids, teacher, cfg.ttt_steps)
+    rows = tr.prepare_rows(s.source, s.prompt_ids, teacher, cfg.ttt_steps, threads=cfg.threads)
     if rank == 0:
         print(f"train: target and features {t1 - t0:.1f} s, teacher argmax over {len(rows)} rows "
               f"{time.perf_counter() - t1:.1f} s")

@@ -18,16 +18,18 @@ Data parallel: under torchrun each rank takes every world-th batch and gradients
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from draftgate.config import DrafterParams, as_dict
 from draftgate.drafter.vocab import VocabMap, require_same
 
 CHECKPOINT = "state.pt"
@@ -83,26 +85,32 @@ class Teacher:
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
-@dataclass
-class TrainConfig:
-    ttt_steps: int = 7
-    ttt_decay: float = 0.8
-    epochs: int = 2
-    batch_tokens: int = 2048
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_fraction: float = 0.05
-    min_lr_ratio: float = 0.1
-    max_grad_norm: float = 0.5
-    seed: int = 0
-    checkpoint_every: int = 50
+def step_weights(cfg: DrafterParams) -> list[float]:
+    return [cfg.ttt_decay ** i for i in range(cfg.ttt_steps)]
 
-    @classmethod
-    def from_params(cls, p: Any) -> "TrainConfig":
-        return cls(**{k: getattr(p, k) for k in cls.__dataclass_fields__})
 
-    def step_weights(self) -> list[float]:
-        return [self.ttt_decay ** i for i in range(self.ttt_steps)]
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `n` (drafter.threads) inside, restored after.
+
+    CPU kernels split their reductions by thread, so the bytes of a run depend on the count: the
+    demo's 92 steps ended at loss 19.903 with 2 threads and 19.921 with 1 (eval acceptance 1.218 vs
+    1.209), while runs at equal threads, resumed or not, are bit-identical. torch's default is the
+    core count, so a machine with other cores would quietly train another drafter: the count is a
+    param (fixed, not "auto"), recorded with the others in metrics/train.json and draftgate.json,
+    and a change reruns the stage under DVC. The default 2 is what the committed run used (this
+    2-core machine's default). None leaves torch's setting alone (tests that set their own)."""
+    import torch
+
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass
@@ -137,8 +145,16 @@ def loss_positions(loss_mask: Any, teacher_argmax: Any, t2d: Any, steps: int) ->
     return valid
 
 
-def prepare_rows(source: Any, prompt_ids: Sequence[str], teacher: Teacher, steps: int) -> list[Row]:
-    """Features in float32 with the teacher's argmax at every position some step reads."""
+def prepare_rows(source: Any, prompt_ids: Sequence[str], teacher: Teacher, steps: int,
+                 threads: int | None = None) -> list[Row]:
+    """Features in float32 with the teacher's argmax at every position some step reads, with
+    torch on `threads` threads (drafter.threads: the argmax, and online features, are forward
+    passes whose bytes depend on it, see `torch_threads`)."""
+    with torch_threads(threads):
+        return _prepare_rows(source, prompt_ids, teacher)
+
+
+def _prepare_rows(source: Any, prompt_ids: Sequence[str], teacher: Teacher) -> list[Row]:
     import torch
 
     order = list(prompt_ids)
@@ -238,7 +254,7 @@ def step_losses(model: Any, batch: dict[str, Any], teacher: Teacher, steps: int)
     return losses, correct, counts
 
 
-def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, total: int, cfg: DrafterParams) -> float:
     warm = max(1, math.ceil(cfg.warmup_fraction * total)) if cfg.warmup_fraction > 0 else 0
     if warm and step < warm:
         return cfg.lr * (step + 1) / warm
@@ -279,11 +295,18 @@ def _all_reduce_mean(tensors: list[Any]) -> None:
 
 # ------------------------------------------------------------ checkpoints
 
-def identity(vmap: VocabMap, cfg: TrainConfig, data_sha256: str, prompt_ids: Sequence[str], world_size: int) -> dict:
+# Params that do not change what the optimizer steps compute: a checkpoint resumes across them.
+# (threads does change it, in the last bits: a resume at other threads would give a drafter that no
+# uninterrupted run gives, so it is part of the identity.)
+NOT_IN_IDENTITY = ("device", "resume", "checkpoint_every", "export_dtype", "speculative_tokens")
+
+
+def identity(vmap: VocabMap, cfg: DrafterParams, data_sha256: str, prompt_ids: Sequence[str], world_size: int) -> dict:
     """What a checkpoint must share with the run that resumes it."""
     import hashlib
 
-    return {"vocab": vmap.describe(), "train": dict(cfg.__dict__), "data_sha256": data_sha256,
+    train = {k: v for k, v in as_dict(cfg).items() if k not in NOT_IN_IDENTITY}
+    return {"vocab": vmap.describe(), "train": train, "data_sha256": data_sha256,
             "rows_sha256": hashlib.sha256("\n".join(prompt_ids).encode()).hexdigest(), "world_size": world_size}
 
 
@@ -319,11 +342,21 @@ def load_checkpoint(directory: Path | None, ident: dict, vmap: VocabMap) -> dict
 
 # ------------------------------------------------------------ the loop
 
-def train(model: Any, rows: list[Row], teacher: Teacher, vmap: VocabMap, cfg: TrainConfig, *,
+def train(model: Any, rows: list[Row], teacher: Teacher, vmap: VocabMap, cfg: DrafterParams, *,
           device: str, data_sha256: str, checkpoint_dir: Path | None = None, resume: bool = True,
           stop_after: int | None = None, log: Callable[[str], None] = print) -> Result:
-    """Train `model` in place; returns the curve. `stop_after`: leave after that many optimizer
-    steps (a checkpoint written), as a crash would; the next call resumes from it."""
+    """Train `model` in place on `cfg.threads` torch threads; returns the curve. `cfg` is the
+    params' drafter section (the one source of its defaults: tests override fields with
+    dataclasses.replace). `stop_after`: leave after that many optimizer steps (a checkpoint
+    written), as a crash would; the next call resumes from it."""
+    with torch_threads(cfg.threads):
+        return _train(model, rows, teacher, vmap, cfg, device=device, data_sha256=data_sha256,
+                      checkpoint_dir=checkpoint_dir, resume=resume, stop_after=stop_after, log=log)
+
+
+def _train(model: Any, rows: list[Row], teacher: Teacher, vmap: VocabMap, cfg: DrafterParams, *,
+           device: str, data_sha256: str, checkpoint_dir: Path | None, resume: bool, stop_after: int | None,
+           log: Callable[[str], None]) -> Result:
     import torch
 
     rank, size = world()
@@ -352,7 +385,7 @@ def train(model: Any, rows: list[Row], teacher: Teacher, vmap: VocabMap, cfg: Tr
         torch.set_rng_state(state["rng"])
         log(f"train: resuming at step {step} of {total} from {checkpoint_dir / CHECKPOINT}")
     resumed_from = step
-    weights = cfg.step_weights()
+    weights = step_weights(cfg)
     started = time.perf_counter()
     positions = 0
     done_in_call = 0

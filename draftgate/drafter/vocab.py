@@ -124,13 +124,11 @@ def save(vmap: VocabMap, path: str | Path) -> None:
     """safetensors: d2t, t2d (the engines' tensors) and the provenance as metadata."""
     import json
 
-    from safetensors.numpy import save_file
+    from draftgate.io import write_safetensors
 
-    from draftgate.io import atomic_path
-
+    # Eight metadata keys: safetensors' own writer orders them per process (draftgate/io.py).
     meta = {k: json.dumps(v) for k, v in vmap.describe().items()}
-    with atomic_path(path) as tmp:
-        save_file({"d2t": vmap.d2t, "t2d": vmap.t2d}, str(tmp), metadata=meta)
+    write_safetensors(path, {"d2t": vmap.d2t, "t2d": vmap.t2d}, meta)
 
 
 def load(path: str | Path) -> VocabMap:

@@ -140,7 +140,8 @@ def shard_bytes(rows: TokenRows, plan: ShardPlan, features: dict[int, tuple[Any,
     """The safetensors bytes of one shard; `features[i]` = (aux [T,3,H], final [T,H]) of table row i."""
     import numpy as np
     import torch
-    from safetensors.torch import save
+
+    from draftgate.io import safetensors_bytes
 
     lengths = [len(rows.input_ids[i]) for i in plan.rows]
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -153,7 +154,8 @@ def shard_bytes(rows: TokenRows, plan: ShardPlan, features: dict[int, tuple[Any,
         "final": torch.cat([features[i][1] for i in plan.rows]).contiguous(),
     }
     meta = {"format": FORMAT, "prompt_ids": json.dumps([rows.prompt_ids[i] for i in plan.rows])}
-    return save(tensors, metadata=meta)
+    # Ours, not safetensors' `save`: its metadata order changes per process (draftgate/io.py).
+    return safetensors_bytes(tensors, meta)
 
 
 def write_shard(directory: Path, plan: ShardPlan, data: bytes, key: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 from draftgate.config import HiddenParams
 
 DTYPES = ("float32", "bfloat16", "float16")
+EMBEDDED_PREFIX = "embedded:"    # identity["path"] of the embedded target: a name, not a folder
 
 
 class TargetError(ValueError):
@@ -90,9 +91,21 @@ class Target:
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
     @property
+    def reference(self) -> str:
+        """The weights named the same way on every machine: hf_dir's path as hidden.path gives it;
+        for embedded, the served model's name. The embedded folder is a cache entry under the
+        user's home: recorded in the manifest, it made data/hidden (and the drafter's exports, which
+        copy it) differ in bytes between machines with equal weights."""
+        if self.kind == "embedded":
+            from draftgate.serve.model import SERVED_NAME
+
+            return f"{EMBEDDED_PREFIX}{SERVED_NAME}"
+        return self.path
+
+    @property
     def identity(self) -> dict[str, Any]:
         """The manifest's `model` object (docs/hidden-states.md)."""
-        return {"kind": self.kind, "path": self.path, "weights_fingerprint": self.weights_fingerprint,
+        return {"kind": self.kind, "path": self.reference, "weights_fingerprint": self.weights_fingerprint,
                 "config_sha256": self.config_sha256, "num_hidden_layers": self.num_layers,
                 "hidden_size": self.hidden_size, "vocab_size": self.vocab_size,
                 "compute_dtype": self.compute_dtype}
