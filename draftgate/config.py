@@ -6,7 +6,11 @@ fails with its dotted path, what was found, and the allowed keys, type or range
 reported at once. Nothing is silently defaulted from a typo.
 
 A number's range is part of its type: `Annotated[int, Range(ge=1)]`. Floats must be finite
-(YAML's `.nan` and `.inf` are refused everywhere).
+(YAML's `.nan` and `.inf` are refused everywhere). Every number has an upper bound where a value
+cannot make sense, against the machine (requests in flight, batch rows) or any target (token
+counts past the longest context): `generate.concurrency: 10**18` fails here, not after an hour.
+Bounds that need the target itself (its context, vocabulary, layer count) are checked where it
+is known: the prompts stage (context), hidden/capture.py (layers), the train stage (vocabulary).
 """
 
 from __future__ import annotations
@@ -49,11 +53,17 @@ def _num(x: float) -> str:
 # The ranges the sections below use.
 Count = Annotated[int, Range(ge=0)]
 Positive = Annotated[int, Range(ge=1)]
-Seed = Annotated[int, Range(ge=0)]
+# 32 bits: every consumer takes it (numpy, torch generators, an API's seed field; the random
+# proposer multiplies it by ~10^6 inside torch's 64-bit seed).
+Seed = Annotated[int, Range(ge=0, le=2**32 - 1)]
 Fraction = Annotated[float, Range(ge=0.0, le=1.0)]
-Seconds = Annotated[float, Range(ge=0.0)]
-Usd = Annotated[float, Range(ge=0.0)]
-TokenId = Annotated[int, Range(ge=0)]
+Seconds = Annotated[float, Range(ge=0.0, le=3600.0)]      # backoff and waits: an hour at most
+Usd = Annotated[float, Range(ge=0.0, le=1e6)]             # a budget, a price per Mtok or a ceiling
+TokenId = Annotated[int, Range(ge=0, le=2**31 - 1)]        # ids are int32 in every table (schema.py)
+# Tokens of one sequence (a prompt, a completion, a padded batch): no served model's context is
+# longer than 2^20 (the longest are 1M); the target's own context is checked by the prompts stage.
+MAX_CONTEXT = 1 << 20
+Tokens = Annotated[int, Range(ge=1, le=MAX_CONTEXT)]
 
 
 # ---------------------------------------------------------------- sections
@@ -96,7 +106,13 @@ class PromptsParams:
     datasets: list[str] | None = None
     heldout_fraction: Fraction = 0.1
     split_seed: Seed = 0
-    max_prompts: Positive | None = None     # null = no cap
+    max_prompts: Positive | None = None     # null = no cap (a cap above the rows is no cap)
+    # The target's context in tokens. A prompt (rendered by the target's template) longer than
+    # context_tokens - generate.max_tokens is rejected as too_long: its answer could not fit, and
+    # a server would refuse it after it was paid for or queued. null: the tokenizer's declared
+    # context (model_max_length, from an hf_dir's tokenizer_config.json), or no length check when
+    # it declares none (the metrics say so).
+    context_tokens: Tokens | None = None
 
 
 @dataclass(frozen=True)
@@ -115,14 +131,15 @@ class GenerateParams:
     base_url: str | None = None
     model: str = "smollm2-135m-instruct"
     api_key_env: str = "OPENROUTER_API_KEY"
-    concurrency: Positive = 16
-    max_attempts: Positive = 6
-    timeout_s: Annotated[float, Range(gt=0.0)] = 600.0
+    # Requests in flight: each holds a socket and its prompt (the seed run held ~2,000 on OpenRouter).
+    concurrency: Annotated[int, Range(ge=1, le=10_000)] = 16
+    max_attempts: Annotated[int, Range(ge=1, le=100)] = 6
+    timeout_s: Annotated[float, Range(gt=0.0, le=86_400.0)] = 600.0
     # The most the whole journal may cost (every run, every billed attempt, timeouts at their
     # worst case): not per run. 0 = no budget, which only a free backend may run with (backend
     # local, or openai at a zero price); the client refuses to send otherwise (client/budget.py).
     budget_usd: Usd = 0.0
-    max_tokens: Positive = 128
+    max_tokens: Tokens = 128                # with the prompt, within the target's context (prompts stage)
     temperature: Annotated[float, Range(ge=0.0, le=2.0)] = 0.7
     top_p: Annotated[float, Range(gt=0.0, le=1.0)] = 1.0
     seed: Seed | None = 0
@@ -154,8 +171,8 @@ class GenerateParams:
 class ServeParams:
     model: Literal["smollm2"] = "smollm2"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_batch: Positive = 16
-    batch_wait_ms: Count = 20
+    max_batch: Annotated[int, Range(ge=1, le=4096)] = 16     # rows decoded together in one forward
+    batch_wait_ms: Annotated[int, Range(ge=0, le=60_000)] = 20
 
 
 @dataclass(frozen=True)
@@ -167,8 +184,9 @@ class BillingParams:
         default_factory=lambda: {"*": "learn"})
     # prompt: billed prompt tokens minus our prompt ids (1 for a provider that counts a BOS we do
     # not render, ...); "learn" takes it from rows whose prompt ids the backend returned and equal ours.
-    # (An offset, so any int.)
-    prompt: dict[str, Union[int, Literal["learn"]]] = field(default_factory=lambda: {"*": "learn"})
+    # (An offset, so negative too; never more than a context's worth.)
+    prompt: dict[str, Union[Annotated[int, Range(ge=-MAX_CONTEXT, le=MAX_CONTEXT)], Literal["learn"]]] = field(
+        default_factory=lambda: {"*": "learn"})
 
 
 @dataclass(frozen=True)
@@ -237,11 +255,12 @@ class HiddenGateParams:
     # (generate.temperature, or extra_body's); the others declare it (imported data).
     sampling: Literal["generate", "greedy", "sampled"] = "generate"
     # Rows re-extracted by the gate's own forward pass and compared with the stored features.
-    resample_rows: Positive = 8
+    resample_rows: Annotated[int, Range(ge=1, le=10_000)] = 8     # each one a forward pass of the gate's
     resample_seed: Seed = 0
     # Relative L2 error allowed per row and layer slot: tolerance_eps x the stored dtype's machine
     # epsilon (bfloat16 2^-7, float32 2^-23), and never below min_tolerance (compute noise).
-    tolerance_eps: Annotated[float, Range(gt=0.0)] = 1.0
+    # At most 64: 64 x bfloat16's epsilon is 0.5, a tolerance past which a re-extraction proves nothing.
+    tolerance_eps: Annotated[float, Range(gt=0.0, le=64.0)] = 1.0
     min_tolerance: Annotated[float, Range(gt=0.0, lt=1.0)] = 1e-3
     # Shard bytes per token over (3 + 1) x H x itemsize + 9 (ids int64, mask uint8).
     max_bytes_overhead: Fraction = 0.02
@@ -251,8 +270,8 @@ class HiddenGateParams:
 @dataclass(frozen=True)
 class DrafterGateParams:
     # The loss curve's first `loss_window` steps average at least min_loss_drop x its last ones.
-    min_loss_drop: Annotated[float, Range(ge=1.0)] = 1.25
-    loss_window: Positive = 10
+    min_loss_drop: Annotated[float, Range(ge=1.0, le=1000.0)] = 1.25
+    loss_window: Annotated[int, Range(ge=1, le=100_000)] = 10
 
 
 @dataclass(frozen=True)
@@ -260,10 +279,11 @@ class EvalGateParams:
     # A speculative output may leave plain greedy decoding only where the target's top two logits
     # are this close (a verify forward over k+1 positions rounds differently from a one-token
     # step; docs/evaluation.md): such divergences are counted, any other fails the gate.
-    tie_tolerance: Annotated[float, Range(ge=0.0)] = 1e-3
+    tie_tolerance: Annotated[float, Range(ge=0.0, le=10.0)] = 1e-3   # a logit gap
     max_tie_divergences: Count = 2
     # The drafter's acceptance length (tokens per target forward, bonus included) must reach this.
-    min_acceptance_length: Annotated[float, Range(ge=1.0)] = 1.05
+    # At most eval.k + 1 (k drafts and the bonus token per forward), checked in Params.problems.
+    min_acceptance_length: Annotated[float, Range(ge=1.0, le=17.0)] = 1.05
 
 
 @dataclass(frozen=True)
@@ -293,10 +313,11 @@ class HiddenParams:
     compute_dtype: Literal["float32", "bfloat16", "float16"] = "float32"   # the forward pass
     dtype: Literal["bfloat16", "float32"] = "bfloat16"                     # what the shards store
     # 0-based decoder-layer outputs; null = EAGLE-3's [1, N//2-1, N-4].
-    layers: list[Annotated[int, Range(ge=0)]] | None = None
+    # Each below the target's layer count: checked where the target is known (hidden/capture.py).
+    layers: list[Annotated[int, Range(ge=0, le=4095)]] | None = None
     # Padded tokens (rows x longest row) one forward pass may take; rows are sorted by length.
-    batch_tokens: Positive = 8192
-    shard_max_mb: Annotated[float, Range(gt=0.0)] = 64.0
+    batch_tokens: Tokens = 8192
+    shard_max_mb: Annotated[float, Range(gt=0.0, le=65_536.0)] = 64.0
     # Embedded target: the responses' request hashes must name these weights (generate's identity).
     check_served: bool = True
 
@@ -307,40 +328,48 @@ class HiddenParams:
         if self.layers is not None and len(self.layers) != 3:
             out.append(("layers", f"EAGLE-3 fuses exactly 3 auxiliary layers, got {self.layers}; "
                                   "null takes the default [1, N//2-1, N-4]"))
+        elif self.layers is not None and len(set(self.layers)) != 3:
+            out.append(("layers", f"{self.layers} names a layer twice: the drafter's fc would fuse one "
+                                  "layer's features as two; give 3 different layers, or null for [1, N//2-1, N-4]"))
         return out
 
 
 @dataclass(frozen=True)
 class DrafterParams:
     # Draft vocabulary (docs/drafter.md): the most frequent completion tokens of the training rows.
-    draft_vocab_size: Positive = 2048
+    # At most the target's vocabulary, checked by the train stage against the hidden manifest's
+    # (no tokenizer has 2^20 ids: the largest have ~262K).
+    draft_vocab_size: Annotated[int, Range(ge=1, le=1 << 20)] = 2048
     splits: list[str] = field(default_factory=lambda: ["train"])   # tokens.parquet rows trained on
     # Training-time test: steps unrolled and the loss weight decay^i of step i.
     ttt_steps: Annotated[int, Range(ge=1, le=16)] = 7
     ttt_decay: Annotated[float, Range(gt=0.0, le=1.0)] = 0.8
-    epochs: Positive = 2
-    batch_tokens: Positive = 512           # padded tokens (rows x longest row) per optimizer step
+    epochs: Annotated[int, Range(ge=1, le=1000)] = 2
+    batch_tokens: Tokens = 512             # padded tokens (rows x longest row) per optimizer step
     lr: Annotated[float, Range(gt=0.0, le=1.0)] = 2e-3
-    weight_decay: Annotated[float, Range(ge=0.0)] = 0.0
+    weight_decay: Annotated[float, Range(ge=0.0, le=1.0)] = 0.0     # AdamW's: above 1 it outweighs the loss
     warmup_fraction: Fraction = 0.05
     min_lr_ratio: Fraction = 0.1           # cosine decays to lr x this
-    max_grad_norm: Annotated[float, Range(gt=0.0)] = 0.5
+    max_grad_norm: Annotated[float, Range(gt=0.0, le=1e6)] = 0.5
     seed: Seed = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # A checkpoint every N steps (atomic); a run that stops early resumes from it when resume is
     # true and it was made from the same data, vocabulary map and params (else an error).
-    checkpoint_every: Positive = 50
+    checkpoint_every: Annotated[int, Range(ge=1, le=10_000_000)] = 50
     resume: bool = True
     # Warm start from an earlier export (data/drafter/sglang or speculators); its vocabulary map
     # must equal the one this data gives, or training refuses (never a silent rebuild).
     init_from: str | None = None
     export_dtype: Literal["bfloat16", "float32"] = "bfloat16"
-    speculative_tokens: Positive = 3        # the speculators config's proposal method
+    speculative_tokens: Annotated[int, Range(ge=1, le=16)] = 3   # the speculators config's proposal method
     # torch's CPU threads while training: the bytes of the drafter depend on the count (CPU kernels
     # split reductions by thread), so it is fixed here, not left to the core count. 2: the count
     # the committed run had (this 2-core machine's default); raise it for speed, knowing the
     # drafter's bytes (not its quality) change. null: torch's default (machine-dependent).
     threads: Positive | None = 2
+
+
+NgramSize = Annotated[int, Range(ge=1, le=256)]
 
 
 @dataclass(frozen=True)
@@ -349,15 +378,16 @@ class EvalParams:
     proposers: list[Literal["eagle3", "ngram", "oracle", "random"]] = field(
         default_factory=lambda: ["eagle3", "ngram"])
     k: Annotated[int, Range(ge=1, le=16)] = 4            # draft tokens per verify forward
-    max_new_tokens: Positive = 64
+    max_new_tokens: Tokens = 64
     max_prompts: Positive | None = None                 # the first N held-out prompts; null = all
-    batch_size: Positive = 16                           # prompts decoded together (one forward)
+    batch_size: Annotated[int, Range(ge=1, le=4096)] = 16   # prompts decoded together (one forward)
     # vLLM's prompt-lookup rule; its default when neither bound is set is 5..5.
-    ngram_min: Positive = 5
-    ngram_max: Positive = 5
+    ngram_min: NgramSize = 5
+    ngram_max: NgramSize = 5
     # [min, max] pairs also run; the best is reported beside the default.
-    ngram_sweep: list[list[Positive]] = field(default_factory=lambda: [[1, 3], [2, 4]])
-    bootstrap_samples: Annotated[int, Range(ge=100)] = 1000
+    ngram_sweep: list[list[NgramSize]] = field(default_factory=lambda: [[1, 3], [2, 4]])
+    # Resamples of the paired prompts x seeds: past 10^6 the interval is no more precise, only slower.
+    bootstrap_samples: Annotated[int, Range(ge=100, le=1_000_000)] = 1000
     seed: Seed = 0                                      # bootstrap and the random proposer
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
@@ -386,6 +416,20 @@ class Params:
     hidden: HiddenParams = field(default_factory=HiddenParams)
     drafter: DrafterParams = field(default_factory=DrafterParams)
     eval: EvalParams = field(default_factory=EvalParams)
+
+    def problems(self) -> list[tuple[str, str]]:
+        # Across sections: each section's own ranges are checked when it is built.
+        out = []
+        ceiling = self.eval.k + 1
+        if self.gates.eval.min_acceptance_length > ceiling:
+            out.append(("gates.eval.min_acceptance_length",
+                        f"{self.gates.eval.min_acceptance_length} is above eval.k + 1 = {ceiling} (k drafts and "
+                        "the bonus token per target forward): no drafter could pass"))
+        context = self.prompts.context_tokens
+        if context is not None and self.generate.max_tokens >= context:
+            out.append(("generate.max_tokens", f"{self.generate.max_tokens} leaves no room for a prompt in the "
+                                               f"target's context (prompts.context_tokens {context})"))
+        return out
 
 
 # ---------------------------------------------------------------- loading

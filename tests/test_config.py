@@ -152,3 +152,96 @@ def test_boundary_values_are_accepted():
                                         "temperature": 0, "top_p": 1, "seed": None},
                            "prompts": {"heldout_fraction": 0, "max_prompts": None}})
     assert (params.generate.max_attempts, params.generate.limit, params.prompts.heldout_fraction) == (1, 1, 0.0)
+
+
+# ---------------------------------------------------------------- upper bounds
+
+@pytest.mark.parametrize("data, message", [
+    ({"generate": {"concurrency": 10**18}}, "generate.concurrency: 1000000000000000000 is out of range; "
+                                            "allowed: >= 1 and <= 10000"),
+    ({"generate": {"max_attempts": 1000}}, "generate.max_attempts: 1000 is out of range; allowed: >= 1 and <= 100"),
+    ({"generate": {"max_tokens": 2**21}}, "generate.max_tokens: 2097152 is out of range; allowed: >= 1 and <= 1048576"),
+    ({"generate": {"seed": 2**32}}, "generate.seed: 4294967296 is out of range; allowed: >= 0 and <= 4294967295"),
+    ({"generate": {"timeout_s": 1e9}}, "generate.timeout_s: 1000000000.0 is out of range; allowed: > 0 and <= 86400"),
+    ({"generate": {"budget_usd": 1e18}}, "generate.budget_usd: 1e+18 is out of range; allowed: >= 0 and <= 1000000"),
+    ({"serve": {"max_batch": 10**6}}, "serve.max_batch: 1000000 is out of range; allowed: >= 1 and <= 4096"),
+    ({"tokenizer": {"expected_ids": {"<|im_end|>": 2**31}}}, "tokenizer.expected_ids.<|im_end|>: 2147483648 is out "
+                                                             "of range; allowed: >= 0 and <= 2147483647"),
+    ({"reconstruct": {"billing": {"prompt": {"novita": 10**9}}}}, "reconstruct.billing.prompt.novita"),
+    ({"prompts": {"context_tokens": 10**7}}, "prompts.context_tokens: 10000000 is out of range; "
+                                             "allowed: >= 1 and <= 1048576"),
+    ({"hidden": {"batch_tokens": 10**18}}, "hidden.batch_tokens: 1000000000000000000 is out of range"),
+    ({"drafter": {"epochs": 10**18}}, "drafter.epochs: 1000000000000000000 is out of range; allowed: >= 1 and <= 1000"),
+    ({"drafter": {"draft_vocab_size": 10**7}}, "drafter.draft_vocab_size: 10000000 is out of range; "
+                                               "allowed: >= 1 and <= 1048576"),
+    ({"drafter": {"weight_decay": 5.0}}, "drafter.weight_decay: 5.0 is out of range; allowed: >= 0 and <= 1"),
+    ({"eval": {"bootstrap_samples": 10**18}}, "eval.bootstrap_samples: 1000000000000000000 is out of range; "
+                                              "allowed: >= 100 and <= 1000000"),
+    ({"eval": {"ngram_sweep": [[1, 10**6]]}}, "eval.ngram_sweep[0][1]: 1000000 is out of range; allowed: >= 1 and <= 256"),
+    ({"gates": {"hidden": {"tolerance_eps": 1000.0}}}, "gates.hidden.tolerance_eps: 1000.0 is out of range"),
+])
+def test_a_number_past_what_the_machine_or_any_target_allows_fails_with_the_allowed_range(data, message):
+    with pytest.raises(ParamsError) as e:
+        parse_params(data)
+    assert message in str(e.value)
+
+
+def test_the_upper_bounds_themselves_are_accepted():
+    params = parse_params({"generate": {"concurrency": 10_000, "max_tokens": 2**20 - 1, "seed": 2**32 - 1},
+                           "drafter": {"epochs": 1000}, "eval": {"bootstrap_samples": 1_000_000},
+                           "prompts": {"context_tokens": 2**20}})
+    assert (params.generate.concurrency, params.drafter.epochs, params.eval.bootstrap_samples) == (10_000, 1000, 1_000_000)
+
+
+# Numbers left without an upper bound, and why: a cap above the data is no cap, and a threshold
+# on a count of rows may be as large as the rows.
+UNBOUNDED = {"prompts.max_prompts", "generate.limit", "eval.max_prompts",
+             "gates.tokens.max_semantic", "gates.eval.max_tie_divergences",
+             "gates.template.min_compared", "drafter.threads"}
+
+
+def test_every_number_in_params_has_an_upper_bound_or_a_reason_not_to():
+    import dataclasses
+    import typing
+
+    from draftgate.config import Range
+
+    def bounded(tp) -> bool | None:
+        """True/False for a numeric type (with/without an upper bound), None for anything else."""
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin is typing.Annotated:
+            if args[0] in (int, float):
+                return any(isinstance(r, Range) and (r.le is not None or r.lt is not None) for r in tp.__metadata__)
+            return bounded(args[0])
+        if tp in (int, float):
+            return False
+        verdicts = [bounded(a) for a in args if a is not type(None)]
+        verdicts = [v for v in verdicts if v is not None]
+        return all(verdicts) if verdicts else None
+
+    def walk(cls, prefix):
+        hints = typing.get_type_hints(cls, include_extras=True)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                yield from walk(tp, f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}", bounded(tp)
+
+    open_ended = {key for key, verdict in walk(Params, "") if verdict is False}
+    assert open_ended == UNBOUNDED
+
+
+def test_a_layer_named_twice_is_refused_in_the_params():
+    with pytest.raises(ParamsError) as e:
+        parse_params({"hidden": {"layers": [1, 1, 1]}})
+    assert "hidden.layers: [1, 1, 1] names a layer twice" in str(e.value)
+    assert parse_params({"hidden": {"layers": [1, 14, 26]}}).hidden.layers == [1, 14, 26]
+
+
+def test_knobs_of_two_sections_that_cannot_both_hold_are_refused_naming_both():
+    with pytest.raises(ParamsError, match=r"gates.eval.min_acceptance_length: 6.0 is above eval.k \+ 1 = 5"):
+        parse_params({"eval": {"k": 4}, "gates": {"eval": {"min_acceptance_length": 6.0}}})
+    with pytest.raises(ParamsError, match=r"generate.max_tokens: 8192 leaves no room for a prompt in the target's "
+                                          r"context \(prompts.context_tokens 8192\)"):
+        parse_params({"generate": {"max_tokens": 8192}, "prompts": {"context_tokens": 8192}})
