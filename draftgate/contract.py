@@ -298,7 +298,7 @@ def _describe(tok: Any, token_id: int) -> str:
     return f"{tok.decode([token_id])!r} ({kind})"
 
 
-# ---------------------------------------------------------------- stage / CLI
+# ---------------------------------------------------------------- the stage's work
 
 def template_special_names(template: str) -> frozenset[str]:
     from draftgate.templates import get_template
@@ -306,80 +306,89 @@ def template_special_names(template: str) -> frozenset[str]:
     return frozenset(get_template(template).special_names)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="draftgate contract", description=(
-        "Resolve every special token of the template by name and verify it; exit 1 when the "
-        "contract fails (the JSON is written first)."))
-    p.add_argument("--params", default="params.yaml", help="params file (tokenizer, template, contract)")
-    p.add_argument("--out", required=True, help="contract JSON to write")
-    p.add_argument("--metrics", help="stage metrics JSON to write")
-    p.add_argument("--vocab", help="Parquet of every id's bytes (id, hex), for the gates to decode with")
-    p.add_argument("--defer-to-gate", action="store_true", help=(
-        "exit 0 even when the contract fails: the gate stage on contract.json fails instead, and the "
-        "Data Docs show the failing checks"))
-    return p
+@dataclass(frozen=True)
+class ContractRun:
+    """The contract stage's work: the result (contract.json), the tokenizer it was checked on (its
+    byte table is the gates' vocab.parquet: vocab_table) and the stage's metrics, unwritten."""
+    result: ContractResult
+    tok: Any
+    metrics: Any                          # draftgate.metrics.StageMetrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(params: Any) -> ContractRun:
+    """Check the special-token and template contracts of `params` (tokenizer, template, contract).
+    Raises TokenizerError, TemplateError or ContractError when they cannot even be checked."""
     from dataclasses import replace
 
-    from draftgate.config import ParamsError, as_dict, load_params
-    from draftgate.io import write_json
+    from draftgate.config import as_dict
     from draftgate.metrics import StageMetrics
     from draftgate.official import official_template
     from draftgate.templates import get_template
-    from draftgate.templates.base import TemplateError
     from draftgate.templates.probes import PROBES
-    from draftgate.tokenizers import TokenizerError, load_tokenizer
+    from draftgate.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(params.tokenizer)
+    template = get_template(params.template.name)
+    result = check_contract(tok, template.special_names, params.tokenizer.expected_ids,
+                            params.contract.probe_pairs, template=params.template.name)
+    official = official_template(tok, params.tokenizer.kind, params.tokenizer.path)
+    result = replace(result, template_contract=check_template(template, official, PROBES),
+                     roles=template_roles(template, result.special_ids))
+    m = StageMetrics("contract", rows_in=len(result.checks), rows_out=len(result.checks) - len(result.failures()))
+    for c in result.failures():
+        for r in c.reasons:
+            m.drop(r)
+    tc = result.template_contract
+    for p in tc.probes:
+        if not p.ok:
+            m.drop("template_differs")
+    m.figures.update(ok=result.ok, tokenizer=result.tokenizer, template=result.template,
+                     special_ids=result.special_ids,
+                     boundary_merges=sum(p.merges for p in result.boundary_probe),
+                     template_contract=tc.to_dict())
+    m.params = {k: as_dict(getattr(params, k)) for k in ("tokenizer", "template", "contract")}
+    return ContractRun(result, tok, m)
+
+
+def summary(result: ContractResult, out: Any) -> tuple[list[str], list[str]]:
+    """(what to print, each failure with its fix for stderr)."""
+    t, tc = result.tokenizer, result.template_contract
+    official = tc.official["source"] if tc.official else "no official template"
+    lines = [f"contract: {t['name']} ({t['kind']}, vocab {t['vocab_size']}, {t['fingerprint'][:12]}) x "
+             f"template {result.template}: {len(result.checks)} special tokens, "
+             f"{len(result.failures())} failed -> {out}",
+             f"contract: template {tc.template} vs {official}: {tc.compared} probes compared, "
+             f"{sum(not p.ok for p in tc.probes)} differ"]
+    fails = [f"  FAIL {c.name!r} [{', '.join(c.reasons)}]: {c.problem}" for c in result.failures()]
+    fails += [f"  FAIL template probe {p.probe!r} at char {p.first_diff}: {p.diff_context}"
+              for p in tc.probes if not p.ok]
+    return lines, fails
+
+
+# ---------------------------------------------------------------- `draftgate contract` (ad hoc)
+
+def main(argv: list[str] | None = None) -> int:
+    """Check the contract of a params file by hand; the pipeline's stage is stages/contract.py."""
+    p = argparse.ArgumentParser(prog="draftgate contract", description=(
+        "Resolve every special token of the template by name and verify it, and the template against the "
+        "official one; exit 1 when either fails."))
+    p.add_argument("--params", default="params.yaml", help="params file (tokenizer, template, contract)")
+    p.add_argument("--out", help="also write the contract JSON here")
+    args = p.parse_args(argv)
+    from draftgate.config import ParamsError, load_params
+    from draftgate.io import write_json
+    from draftgate.templates.base import TemplateError
+    from draftgate.tokenizers import TokenizerError
 
     try:
-        params = load_params(args.params)
-        tok = load_tokenizer(params.tokenizer)
-        template = get_template(params.template.name)
-        result = check_contract(tok, template.special_names, params.tokenizer.expected_ids,
-                                params.contract.probe_pairs, template=params.template.name)
-        official = official_template(tok, params.tokenizer.kind, params.tokenizer.path)
-        result = replace(result, template_contract=check_template(template, official, PROBES),
-                         roles=template_roles(template, result.special_ids))
+        done = run(load_params(args.params))
     except (ParamsError, TokenizerError, TemplateError, ContractError) as e:
         print(f"contract: {e}", file=sys.stderr)
         return 2
-    write_json(args.out, result.to_dict())
-    if args.vocab:
-        from draftgate.io import write_parquet
-
-        write_parquet(args.vocab, vocab_table(tok))
-    if args.metrics:
-        m = StageMetrics("contract", rows_in=len(result.checks), rows_out=len(result.checks) - len(result.failures()))
-        for c in result.failures():
-            for r in c.reasons:
-                m.drop(r)
-        tc = result.template_contract
-        for p in tc.probes:
-            if not p.ok:
-                m.drop("template_differs")
-        m.figures.update(ok=result.ok, tokenizer=result.tokenizer, template=result.template,
-                         special_ids=result.special_ids,
-                         boundary_merges=sum(p.merges for p in result.boundary_probe),
-                         template_contract=tc.to_dict())
-        m.params = {k: as_dict(getattr(params, k)) for k in ("tokenizer", "template", "contract")}
-        m.write(args.metrics)
-    t = result.tokenizer
-    print(f"contract: {t['name']} ({t['kind']}, vocab {t['vocab_size']}, {t['fingerprint'][:12]}) x "
-          f"template {result.template}: {len(result.checks)} special tokens, "
-          f"{len(result.failures())} failed -> {args.out}")
-    tc = result.template_contract
-    official = tc.official["source"] if tc.official else "no official template"
-    print(f"contract: template {tc.template} vs {official}: {tc.compared} probes compared, "
-          f"{sum(not p.ok for p in tc.probes)} differ")
-    for c in result.failures():
-        print(f"  FAIL {c.name!r} [{', '.join(c.reasons)}]: {c.problem}", file=sys.stderr)
-    for p in tc.probes:
-        if not p.ok:
-            print(f"  FAIL template probe {p.probe!r} at char {p.first_diff}: {p.diff_context}", file=sys.stderr)
-    return 0 if (result.ok and tc.ok) or args.defer_to_gate else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if args.out:
+        write_json(args.out, done.result.to_dict())
+    lines, fails = summary(done.result, args.out or "(not written)")
+    print("\n".join(lines))
+    for line in fails:
+        print(line, file=sys.stderr)
+    return 0 if done.result.ok and done.result.template_contract.ok else 1

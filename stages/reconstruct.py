@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.io import write_json, write_text
     from draftgate.metrics import StageMetrics, details_path, numbers
     from draftgate.official import official_template
-    from draftgate.reconstruct.inputs import InputError, gate_passed, special_ids
+    from draftgate.gates.result import GateNotPassed, require_passed
+    from draftgate.reconstruct.inputs import InputError, special_ids
     from draftgate.reconstruct.core import Setup
     from draftgate.reconstruct.table import REPORT_COLUMNS, mismatch_report, plot_rows, reconstruct_files
     from draftgate.templates import TemplateError, get_template
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         params = load_params(args.params)
-        gate_passed(args.gate)
+        require_passed(args.gate, "gate_responses", "fix the responses before reconstructing them")
         tok = load_tokenizer(params.tokenizer)
         template = get_template(params.template.name)
         ids = special_ids(args.contract, template, tok)
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         n_responses = _rows(pq, args.responses, "generate")
         _rows(pq, args.prompts, "prompts")
-    except (ParamsError, InputError, TemplateError, TokenizerError) as e:
+    except (ParamsError, GateNotPassed, InputError, TemplateError, TokenizerError) as e:
         print(f"reconstruct: {e}", file=sys.stderr)
         return 1
     setup = Setup(tok, template, ids, thinking=params.template.thinking,

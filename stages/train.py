@@ -34,15 +34,34 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate.config import ParamsError, load_params
     from draftgate.drafter.run import RunError, run
+    from draftgate.gates.result import GateNotPassed, require_passed
 
     try:
         params = load_params(args.params)
-        return run(params, hidden_dir=args.hidden, tokens_path=args.tokens, gate=args.gate, out=args.out,
-                   checkpoint=args.checkpoint, metrics=args.metrics, loss_plot=args.loss_plot,
-                   acc_plot=args.acc_plot, stop_after=args.stop_after)
-    except (ParamsError, RunError) as e:
+        require_passed(args.gate, "gate_hidden", "fix the hidden-state features before training on them")
+        result = run(params, hidden_dir=args.hidden, tokens_path=args.tokens, out=args.out,
+                     checkpoint=args.checkpoint, stop_after=args.stop_after)
+    except (ParamsError, GateNotPassed, RunError) as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
+    if result is not None:        # rank 0 of a finished run
+        write(result, out=args.out, checkpoint=args.checkpoint, metrics=args.metrics,
+              loss_plot=args.loss_plot, acc_plot=args.acc_plot)
+    return 0
+
+
+def write(result, *, out: Path, checkpoint: Path, metrics: Path, loss_plot: Path, acc_plot: Path) -> None:
+    """The curves (DVC plots), the metrics, then the checkpoint removed: the run is complete and
+    exported, its checkpoint only served a crash, and left behind it would make the next run on
+    changed data refuse to start."""
+    from draftgate.drafter.train import write_curve
+
+    write_curve(result.curve, loss_plot, acc_plot, result.ttt_steps)
+    # The curve also travels with the artifact (DVC-cached, versioned with the weights): the
+    # drafter gate reads it from there; plots/ is for display.
+    shutil.copyfile(loss_plot, out / "loss_curve.json")
+    result.metrics.write(metrics)
+    shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -90,11 +90,17 @@ def shared_target():
 
 
 def train_into(ws: Workspace, out: Path, params: Path, **kw) -> int:
-    """The train stage's work (draftgate/drafter/run.py) with the shared target."""
+    """The train stage with the shared target: draftgate/drafter/run.py's run, then what
+    stages/train.py writes of it (the gate's verdict is the stage's check, tested there)."""
     from draftgate.config import load_params
     from draftgate.drafter.run import run
+    from stages.train import write
 
     a = ws.stage_args(params, out)
-    return run(load_params(params), hidden_dir=ws.hidden, tokens_path=ws.tokens, gate=ws.gate,
-               out=Path(a[a.index("--out") + 1]), checkpoint=out / "ckpt", metrics=out / "metrics" / "train.json",
-               loss_plot=out / "train_loss.json", acc_plot=out / "train_acc.json", target=shared_target(), **kw)
+    drafter = Path(a[a.index("--out") + 1])
+    result = run(load_params(params), hidden_dir=ws.hidden, tokens_path=ws.tokens, out=drafter,
+                 checkpoint=out / "ckpt", target=shared_target(), **kw)
+    if result is not None:
+        write(result, out=drafter, checkpoint=out / "ckpt", metrics=out / "metrics" / "train.json",
+              loss_plot=out / "train_loss.json", acc_plot=out / "train_acc.json")
+    return 0

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from draftgate.config import ContractParams
-from draftgate.contract import ContractError, check_contract, main, template_special_names
+from draftgate.contract import ContractError, check_contract, template_special_names
+from stages.contract import main
 
 # DeepSeek-V4 has no template here (draftgate.templates refuses it); these are the reasoning and
 # tool-call names its tokenizer carries (docs/tokenizers.md).

@@ -59,7 +59,7 @@ def world(tmp_path_factory):
 
 
 def import_into(world, out, hs=None):
-    from draftgate.hidden.importer import main
+    from stages.import_hidden import main
 
     return main(["--params", str(world["params"]), "--hs", str(hs or world["hs"]), "--dataset",
                  str(world["dataset"]), "--tokens", str(world["tokens"]), "--out", str(out),
@@ -102,7 +102,7 @@ def test_features_vllm_captured_at_other_layers_fail_the_reextraction(world):
     # the manifest then claims the expected layers, and only the gate's own forward pass can tell.
     hs, dataset = speculators_files(world["root"], world["kept"], order=[0, 1, 2], layers=[3, 15, 27], name="_l3")
     out = world["root"] / "imported_wrong_layers"
-    from draftgate.hidden.importer import main
+    from stages.import_hidden import main
 
     assert main(["--params", str(world["params"]), "--hs", str(hs), "--dataset", str(dataset),
                  "--tokens", str(world["tokens"]), "--out", str(out)]) == 0

@@ -1,11 +1,12 @@
 """The train stage's work: features and tokens in, trained drafter and its two exports out.
 
-Kept apart from stages/train.py so tests and bench/train.py drive the same code.
+`run()` trains and exports, and returns the metrics and the curves; stages/train.py checks the
+hidden gate's verdict before it and writes what it returns (tests and bench/train.py drive the
+same function).
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,15 @@ from draftgate.device import DeviceError, resolve_device
 
 class RunError(ValueError):
     """The stage cannot train; the message names the input and the fix."""
+
+
+@dataclass
+class TrainRun:
+    """A finished run, for the stage to write: its metrics and the per-step curve (rows of loss,
+    per-step loss and accuracy)."""
+    metrics: Any            # draftgate.metrics.StageMetrics
+    curve: list[dict]
+    ttt_steps: int
 
 
 @dataclass
@@ -96,17 +106,13 @@ def build_model(params: Params, s: Setup) -> Any:
     return model
 
 
-def run(params: Params, *, hidden_dir: Path, tokens_path: Path, gate: Path, out: Path, checkpoint: Path,
-        metrics: Path, loss_plot: Path, acc_plot: Path, stop_after: int | None = None, target: Any = None) -> int:
+def run(params: Params, *, hidden_dir: Path, tokens_path: Path, out: Path, checkpoint: Path,
+        stop_after: int | None = None, target: Any = None) -> TrainRun | None:
+    """Train (resuming from `checkpoint`) and export to `out`/{sglang,speculators} with the vocabulary
+    map. None where there is nothing to write: a rank other than 0, or a run stopped by `stop_after`."""
     from draftgate.drafter import export as ex
     from draftgate.drafter import train as tr
     from draftgate.drafter import vocab as vc
-    from draftgate.gates.result import GateNotPassed, require_passed
-
-    try:
-        require_passed(gate, "gate_hidden", "fix the hidden-state features before training on them")
-    except GateNotPassed as e:
-        raise RunError(str(e)) from None
     import time
 
     t0 = time.perf_counter()
@@ -130,10 +136,10 @@ def run(params: Params, *, hidden_dir: Path, tokens_path: Path, gate: Path, out:
     if stop_after is not None and result.steps < _total_steps(rows, cfg, size):
         if rank == 0:
             print(f"train: stopped after step {result.steps} as asked (--stop-after); checkpoint in {checkpoint}")
-        return 0
+        return None
     tr.check_in_sync(result.param_checksum)
     if rank != 0:
-        return 0
+        return None
     model = model.cpu()
     info = {"vocab": s.vmap.describe(), "target": s.manifest.get("model", {}),
             "hidden_manifest": {"tokens_sha256": s.manifest.get("tokens_sha256"), "layers": s.manifest["layers"],
@@ -147,19 +153,12 @@ def run(params: Params, *, hidden_dir: Path, tokens_path: Path, gate: Path, out:
               speculative_tokens=params.drafter.speculative_tokens)
     ex.export_sglang(model, out / "sglang", **kw)
     ex.export_speculators(model, out / "speculators", **kw)
-    tr.write_curve(result.rows, loss_plot, acc_plot, cfg.ttt_steps)
-    # The curve also travels with the artifact (DVC-cached, versioned with the weights): the
-    # drafter gate reads it from there; plots/ is for display.
-    shutil.copyfile(loss_plot, out / "loss_curve.json")
-    _write_metrics(metrics, params, s, result, cfg, vc.coverage(s.vmap, s.counts), len(rows))
-    # The run is complete and exported: its checkpoint only served a crash, and left behind it
-    # would make the next run on changed data refuse to start.
-    shutil.rmtree(checkpoint, ignore_errors=True)
+    metrics = _metrics(params, s, result, cfg, vc.coverage(s.vmap, s.counts), len(rows))
     last = result.rows[-1] if result.rows else {}
     print(f"train: {len(rows)} rows, {result.steps} steps x {size} process(es), loss "
           f"{result.rows[0]['loss']:.3f} -> {last.get('loss', float('nan')):.3f}, acc_0 {last.get('acc_0', 0):.3f}; "
           f"{result.seconds:.1f} s; exports in {out}")
-    return 0
+    return TrainRun(metrics=metrics, curve=result.rows, ttt_steps=cfg.ttt_steps)
 
 
 def _total_steps(rows: list, cfg: Any, size: int) -> int:
@@ -169,7 +168,7 @@ def _total_steps(rows: list, cfg: Any, size: int) -> int:
     return sum(len(plan_epoch(lengths, cfg.batch_tokens, cfg.seed, e)) // size for e in range(cfg.epochs))
 
 
-def _write_metrics(path: Path, params: Params, s: Setup, result: Any, cfg: Any, cover: float, n_rows: int) -> None:
+def _metrics(params: Params, s: Setup, result: Any, cfg: Any, cover: float, n_rows: int) -> Any:
     import numpy as np
 
     from draftgate.drafter.train import loss_drop
@@ -191,4 +190,4 @@ def _write_metrics(path: Path, params: Params, s: Setup, result: Any, cfg: Any, 
                         "map_sha256": s.vmap.map_sha256, "data_sha256": s.vmap.data_sha256},
     })
     m.params = {"drafter": as_dict(params.drafter)}
-    m.write(path)
+    return m

@@ -1,4 +1,4 @@
-"""The inputs reconstruction trusts only after checking: the contract's ids, the upstream gate.
+"""The inputs reconstruction trusts only after checking: the contract's ids.
 
 Special ids come from contract.json alone (the contract stage resolved them by name), and are
 re-checked here against the loaded tokenizer: an id whose bytes are not its name (the
@@ -13,7 +13,7 @@ from typing import Any
 
 
 class InputError(ValueError):
-    """An input the stage cannot trust or find: contract.json, the upstream gate, a table."""
+    """An input the stage cannot trust or find: contract.json, a table."""
 
 
 def special_ids(path: Path, template: Any, tok: Any) -> dict[str, int]:
@@ -44,12 +44,3 @@ def special_ids(path: Path, template: Any, tok: Any) -> dict[str, int]:
             f"{path}: {'; '.join(problems)}. The contract does not match tokenizer {tok.name}: "
             "rerun the contract stage (and fix tokenizer.expected_ids if it set these ids)")
     return {name: ids[name] for name in template.special_names}
-
-
-def gate_passed(path: Path) -> None:
-    from draftgate.gates.result import GateNotPassed, require_passed
-
-    try:
-        require_passed(path, "gate_responses", "fix the responses before reconstructing them")
-    except GateNotPassed as e:
-        raise InputError(str(e)) from None
