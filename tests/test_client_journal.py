@@ -201,3 +201,59 @@ def test_a_cached_scan_made_by_other_code_is_not_used(tmp_path):
 
 def _flat_cost(rec: dict) -> float:
     return 0.125
+
+
+# ---------------------------------------------------------------- write-ahead reservations
+
+def reserve(pid: str, rid: str, worst: float = 0.001) -> dict:
+    return line(pid, "reserved", reservation=rid, attempt=1, worst_case_usd=worst)
+
+
+def test_an_unsettled_reservation_counts_at_its_worst_case_and_a_finished_line_settles_its_own(tmp_path):
+    from draftgate.client.budget import line_cost
+    from draftgate.client.journal import JournalIndex
+
+    path = tmp_path / "journal.jsonl"
+    asyncio.run(append_all(path, [reserve("a", "r1"), reserve("a", "r2"), reserve("b", "r3"),
+                                  line("a", cost_usd=0.0004, wasted_cost_usd=0.001, reservations=["r1", "r2"])]))
+    scan = read_journal(path)
+    # Reservation lines are neither records nor bad lines; r3 (b's request, sent, never answered) stays open.
+    assert [r["prompt_id"] for r in scan.records] == ["a"] and not scan.bad_lines
+    assert (scan.reservations, scan.unsettled) == (3, {"r3": 0.001})
+    index = JournalIndex.scan(path, line_cost)
+    assert index.spent_usd == 0.0004 + 0.001 + 0.001 and index.unsettled == {"r3": 0.001}
+    assert index.done("a", "h") and not index.done("b", "h")      # b is sent again by a rerun
+
+
+def test_a_cached_scan_keeps_the_open_reservations_and_not_those_of_a_tail_without_its_newline(tmp_path):
+    from draftgate.client.budget import line_cost
+    from draftgate.client.journal import JournalIndex
+
+    path, cache = tmp_path / "journal.jsonl", tmp_path / "journal.jsonl.index"
+    asyncio.run(append_all(path, [reserve("a", "r1"), reserve("b", "r2"), reserve("c", "r3")]))
+    with open(path, "ab") as f:   # a's settlement lost its newline: read again next time, never cached
+        f.write(json.dumps(line("a", cost_usd=0.0002, reservations=["r1"])).encode())
+    first = JournalIndex.scan(path, line_cost, cache=cache)
+    assert first.unsettled == {"r2": 0.001, "r3": 0.001}
+    asyncio.run(append_all(path, [line("b", cost_usd=0.0003, reservations=["r2"]), reserve("d", "r4")]))
+    cached, full = JournalIndex.scan(path, line_cost, cache=cache), JournalIndex.scan(path, line_cost)
+    _same_index(cached, full)
+    assert cached.unsettled == full.unsettled == {"r3": 0.001, "r4": 0.001}
+    assert cached.spent_usd == full.spent_usd == 0.0002 + 0.0003 + 0.002
+
+
+def test_the_writer_redacts_a_secret_any_field_still_holds_and_names_the_field(tmp_path):
+    key = "sk-or-v1-" + "7f" * 24
+    path = tmp_path / "journal.jsonl"
+
+    async def write() -> int:
+        async with Journal(path, (key,)) as j:
+            await j.append(line("a", content="fine", usage={"note": f"billed to {key}"}))
+            await j.append(line("b", content="untouched"))
+            return j.redacted_lines
+
+    assert asyncio.run(write()) == 1
+    assert key.encode() not in path.read_bytes()
+    a, b = read_journal(path).records
+    assert a["usage"] == {"note": "billed to [redacted]"} and a["redacted"] == ["usage"] and a["content"] == "fine"
+    assert "redacted" not in b

@@ -349,3 +349,80 @@ def test_a_new_model_identity_regenerates_and_the_same_one_resumes(tmp_path):
         assert server.requests == 10
     assert (first.sent, same.skipped, new.sent) == (5, 5, 5)
     assert set(first.hashes.values()).isdisjoint(new.hashes.values())
+
+
+# ---------------------------------------------------------------- the write-ahead budget
+
+def journal_total(path) -> float:
+    """What the journal has cost, as a rerun counts it: settled lines + unsettled reservations."""
+    from draftgate.client.budget import line_cost
+    from draftgate.client.journal import JournalIndex
+
+    return JournalIndex.scan(path, line_cost).spent_usd
+
+
+def test_rising_budgets_across_reruns_under_faults_never_overshoot(tmp_path):
+    # Lost answers (resets, unreadable 200s) count at their worst case ($0.001), paid errors and
+    # answers at $0.0004: each rerun buys more, and the journal's total stays within each budget.
+    faults = ("reset", "malformed_json", "http_502_paid", "error_body_paid", "http_429", "empty_output")
+    script = Script(fault_rate=0.35, faults=faults, seed=3, cost_usd=0.0004, retry_after_s=0.01)
+    ps, journal = prompts(40), tmp_path / "j.jsonl"
+    totals = []
+    with running(script) as server:
+        for budget in (0.004, 0.008, 0.012):
+            result = run(ps, gen(concurrency=4, budget_usd=budget, max_attempts=4, **PRICED),
+                         Target(server.base_url), journal, progress=False)
+            totals.append(journal_total(journal))
+            assert result.stop_reason == "budget" and totals[-1] <= budget + 1e-12, (budget, totals)
+            assert result.journal_spent_usd == pytest.approx(totals[-1])
+    assert totals[0] < totals[1] < totals[2]
+    assert read_journal(journal).unsettled == {}         # every reservation was settled by its line
+    assert result.reservations > 0 and result.lost_attempts + result.paid_failed_attempts > 0
+
+
+def test_a_retry_is_sent_only_when_the_budget_still_covers_its_worst_case(tmp_path, capsys):
+    # The first attempt is lost (a reset: $0.001, its worst case); a retry would need $0.001 more.
+    ps, journal = prompts(2), tmp_path / "j.jsonl"
+    with running(Script(per_key={"p0000": ("reset",)}, cost_usd=0.0005)) as server:
+        result = run(ps, gen(concurrency=1, budget_usd=0.0015, **PRICED), Target(server.base_url), journal,
+                     progress=False)
+        assert server.requests == 1                      # the retry was never sent
+        rec = journal_line(journal, "id0000")
+        assert (rec["status"], rec["failure_reason"], rec["failure_kind"]) == ("failed", "budget", "stopped")
+        assert (result.stop_reason, result.refused_retries, result.unsent) == ("budget", 1, 1)
+        assert journal_total(journal) == pytest.approx(0.001) and read_journal(journal).unsettled == {}
+    # The stop counts what the prompt in progress held, the retry and the unsent prompt.
+    assert "to continue, set generate.budget_usd to at least $0.0030" in capsys.readouterr().err
+    with running(Script(cost_usd=0.0005)) as server:
+        # A raised budget retries it (kind stopped is not done) and sends the other prompt.
+        again = run(ps, gen(concurrency=1, budget_usd=0.004, **PRICED), Target(server.base_url), journal,
+                    progress=False)
+    assert (again.ok, again.stop_reason) == (2, None)
+    assert journal_total(journal) == pytest.approx(0.001 + 2 * 0.0005)
+
+
+def test_every_attempt_is_reserved_in_the_journal_before_it_is_sent(tmp_path):
+    ps, journal = prompts(3), tmp_path / "j.jsonl"
+    with running(Script(per_key={"p0001": ("http_503", "reset")}, retry_after_s=0.01)) as server:
+        run(ps, gen(budget_usd=1.0, **PRICED), Target(server.base_url), journal, progress=False)
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    for pid, attempts in (("id0000", 1), ("id0001", 3), ("id0002", 1)):
+        reserved = [x for x in lines if x["prompt_id"] == pid and x["status"] == "reserved"]
+        [done] = [x for x in lines if x["prompt_id"] == pid and x["status"] != "reserved"]
+        assert [x["attempt"] for x in reserved] == list(range(1, attempts + 1))
+        assert all(x["worst_case_usd"] == pytest.approx(0.001) for x in reserved)
+        assert done["reservations"] == [x["reservation"] for x in reserved]   # it settles exactly those
+        assert lines.index(done) > max(lines.index(x) for x in reserved)
+
+
+def test_a_free_backend_writes_no_reservation_lines(tmp_path):
+    with running(Script(cost_usd=0.0)) as server:
+        run(prompts(3), gen(budget_usd=0.0), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+    assert read_journal(tmp_path / "j.jsonl").reservations == 0
+
+
+def test_the_secrets_of_a_target_are_its_key_its_credential_headers_and_the_extra_ones():
+    t = Target("https://api.example/v1", "sk-key-1234567890", {"X-Title": "draftgate", "X-Api-Key": "hdr-secret-99"},
+               extra_secrets=("env-secret-42", "sk-key-1234567890"))
+    assert set(t.secrets) == {"sk-key-1234567890", "hdr-secret-99", "env-secret-42"}
+    assert "sk-key" not in repr(t) and "env-secret" not in repr(t)

@@ -164,7 +164,7 @@ def test_backend_local_starts_the_local_server_and_keeps_its_token_ids_as_truth(
     assert json.loads(Path(paths["metrics"]).read_text())["skipped_done"] == 2
     from draftgate.client.request import build_body, prompt_from_row, request_hash
     from draftgate.config import load_params
-    from draftgate.serve.local import running as serving, served_identity
+    from draftgate.serve.process import running as serving, served_identity
 
     gp = load_params(paths["params"]).generate
     with serving(load_params(paths["params"]).serve) as url:
@@ -243,3 +243,82 @@ def test_metrics_name_the_journal_by_sha256_and_line_count(tmp_path):
     m = json.loads(Path(paths["metrics"]).read_text())
     assert (m["journal_lines"], m["journal_bytes"]) == (4, len(journal))          # the DVC metric: numbers
     assert details(paths)["journal_sha256"] == hashlib.sha256(journal).hexdigest()  # text: beside it
+
+
+def test_a_provider_echoing_the_key_into_ok_answers_leaves_it_in_no_file_and_the_rows_quarantined(
+        tmp_path, monkeypatch, capfd):
+    from draftgate.reconstruct.normalise import Dialect, normalise
+
+    key = "sk-or-v1-" + secrets.token_hex(32)
+    escaped = "".join(f"\\u{ord(c):04x}" for c in key).encode()      # the key as a JSON escape spells it
+    monkeypatch.setenv("DRAFTGATE_TEST_KEY", key)
+    per_key = {"p0000": ("echo_key",), "p0001": ("echo_key_escaped",), "p0002": ("http_429_provider",),
+               "p0003": ("leaked_error_body", "echo_key")}
+    script = Script(api_key=key, per_key=per_key, retry_after_s=0.01,
+                    error_metadata={"raw": f"upstream got Authorization: Bearer {key}"})
+    with running(script) as server:
+        paths = workspace(tmp_path, 5, backend="openrouter", base_url=server.base_url,
+                          api_key_env="DRAFTGATE_TEST_KEY", **PAID)
+        assert generate.main(argv(paths)) == 0
+    out, err = capfd.readouterr()
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert {"journal.jsonl", "responses.parquet", "metrics.json", "metrics.details.json"} <= {p.name for p in files}
+    table = pq.read_table(Path(paths["out"]) / "responses.parquet")
+    for text in [p.read_bytes() for p in files] + [json.dumps(table.to_pylist()).encode(), (out + err).encode()]:
+        assert key.encode() not in text and key[-16:].encode() not in text and escaped not in text
+    rows = {r["prompt_id"]: r for r in table.to_pylist()}
+    # The model output is kept as received but for the key; the row says it was cut.
+    echoed = rows["id0000"]
+    assert echoed["content"] == "Answer to p0000. Your key is [redacted]."
+    assert echoed["reasoning"] == "The request said Authorization: Bearer [redacted]"
+    assert echoed["tool_calls"] == ('[{"id": "functions.echo:0", "type": "function", "index": 0, "function": '
+                                    '{"name": "echo", "arguments": "{\\"key\\": \\"[redacted]\\"}"}}]')
+    assert echoed["provider"] == "Scripted ([redacted])" and echoed["generation_id"] == "gen-[redacted]"
+    assert json.loads(rows["id0001"]["tool_calls"])[0]["function"]["arguments"] == '{"key": "[redacted]"}'
+    assert [rows[f"id000{i}"]["redacted"] for i in range(5)] == [True, True, False, True, False]
+    assert {r["status"] for r in rows.values()} == {"ok"} and rows["id0004"]["content"] == "Answer to p0004."
+    [line] = [r for r in read_journal(Path(paths["out"]) / "journal.jsonl").records if r["prompt_id"] == "id0000"]
+    assert line["redacted"] == ["content", "generation_id", "provider", "reasoning", "tool_calls"]
+    m = json.loads(Path(paths["metrics"]).read_text())
+    assert (m["redacted_answers"], m["journal_redacted_lines"]) == (3, 0)   # none reached the writer's net
+    # Reconstruct cannot rebuild such a row exactly: it quarantines it with its own reason.
+    assert normalise(echoed, Dialect(think=None)).quarantine == "secret_in_output"
+    assert normalise(rows["id0004"], Dialect(think=None)).quarantine is None
+
+
+def test_after_a_sigkill_the_rerun_counts_the_requests_in_flight_at_their_worst_case_and_stays_in_budget(tmp_path):
+    from draftgate.client.budget import line_cost
+    from draftgate.client.journal import JournalIndex
+
+    # Worst case $0.001 a request (100 tokens at $10/Mtok), answers billed $0.0004: 16 in flight at once.
+    priced = {"concurrency": 16, "max_tokens": 100, "budget_usd": 0.03, "timeout_s": 5.0,
+              "price": {"prompt_usd_per_mtok": 0.0, "completion_usd_per_mtok": 10.0}}
+    with running(Script(delay_s=(0.2, 0.4), cost_usd=0.0004)) as server:
+        paths = workspace(tmp_path, 120, base_url=server.base_url, **priced)
+        journal = Path(paths["out"]) / "journal.jsonl"
+        proc = subprocess.Popen([sys.executable, "-m", "stages.generate", *argv(paths)], cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if journal.exists() and journal.read_bytes().count(b'"status":"ok"') >= 10:
+                break
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed = read_journal(journal)
+        finished = {r["prompt_id"] for r in killed.records}
+        # Requests the server took whose answer no line holds: each one was reserved first.
+        in_flight = [a for a in server.log if f"id{a.key[1:]}" not in finished]
+        assert 10 <= len(finished) < 120 and in_flight, "the kill must land mid-run"
+        assert len(in_flight) <= len(killed.unsettled) <= 16
+        total_at_kill = JournalIndex.scan(journal, line_cost).spent_usd
+        assert total_at_kill == pytest.approx(0.0004 * len(finished) + 0.001 * len(killed.unsettled))
+        assert generate.main(argv(paths)) == 0
+    m = json.loads(Path(paths["metrics"]).read_text())
+    assert (m["journal_unsettled_before"], m["journal_spent_before_usd"]) == (len(killed.unsettled),
+                                                                             round(total_at_kill, 6))
+    final = JournalIndex.scan(journal, line_cost)
+    assert details(paths)["stop_reason"] == "budget" and final.spent_usd <= 0.03 + 1e-12
+    assert final.unsettled == killed.unsettled          # the killed run's stay counted, the rerun's settled
+    assert m["journal_spent_usd"] == pytest.approx(final.spent_usd)

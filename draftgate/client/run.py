@@ -423,15 +423,17 @@ class _Runner:
         await self.journal.append({**base, "status": "reserved", "reservation": rid, "attempt": attempt,
                                    "worst_case_usd": worst})
 
-    def _budget_stop(self, worst: float) -> str:
+    def _budget_stop(self, worst: float, retry: bool = False) -> str:
         b, r = self.budget, self.r
         left = self.n_todo - self.n_started
-        need = max(self.todo_worst - self.started_worst, 0.0)
+        need = max(self.todo_worst - self.started_worst, 0.0) + (worst if retry else 0.0)
+        held = f", ${b.reserved:.4f} more reserved by requests in progress," if b.reserved > 1e-12 else ""
         return (f"the journal has spent ${b.spent:.4f} in total over every run (${b.spent - r.spent_before_usd:.4f} "
-                f"in this one) of generate.budget_usd ${b.limit_usd:.4f}, which bounds the whole journal; the next "
-                f"request's worst case ${worst:.6f} does not fit. {left} prompts are left, up to ${need:.4f} if "
-                f"each is answered once: to continue, set generate.budget_usd to at least ${b.spent + need:.4f} "
-                "and rerun (finished prompts are kept, nothing is bought twice)")
+                f"in this one){held} of generate.budget_usd ${b.limit_usd:.4f}, which bounds the whole journal; the "
+                f"next request's worst case ${worst:.6f} does not fit{' (a retry)' if retry else ''}. {left} prompts "
+                f"are left{' besides it' if retry else ''}, up to ${need:.4f} if each is answered once: to continue, "
+                f"set generate.budget_usd to at least ${b.spent + b.reserved + need:.4f} and rerun (finished prompts "
+                "are kept, nothing is bought twice)")
 
     def _account(self, rec: dict[str, Any]) -> None:
         r = self.r
@@ -487,7 +489,7 @@ class _Runner:
                         return self._failed(base, "stopped", f"stopped_{self.r.stop_reason}", verdict, failures,
                                             attempt - 1, t_start, spend)
                     self.r.refused_retries += 1
-                    self.stop("budget", self._budget_stop(worst))
+                    self.stop("budget", self._budget_stop(worst, retry=True))
                     return self._failed(base, "stopped", "budget", verdict, failures, attempt - 1, t_start, spend)
                 spend.held += worst
             await self._journal_reservation(base, attempt, worst, spend)
