@@ -401,18 +401,23 @@ def test_a_retry_is_sent_only_when_the_budget_still_covers_its_worst_case(tmp_pa
     assert journal_total(journal) == pytest.approx(0.001 + 2 * 0.0005)
 
 
-def test_every_attempt_is_reserved_in_the_journal_before_it_is_sent(tmp_path):
+def test_every_attempt_is_covered_by_reservations_journaled_before_it_is_sent(tmp_path):
+    # p0001: a free 503 leaves its reservation unspent (the retry needs none), a lost reset spends it
+    # all (the third attempt reserves anew), a paid error ($0.0004) leaves $0.0006 of it.
+    per_key = {"p0001": ("http_503", "reset"), "p0002": ("http_502_paid",)}
     ps, journal = prompts(3), tmp_path / "j.jsonl"
-    with running(Script(per_key={"p0001": ("http_503", "reset")}, retry_after_s=0.01)) as server:
+    with running(Script(per_key=per_key, retry_after_s=0.01, cost_usd=0.0004)) as server:
         run(ps, gen(budget_usd=1.0, **PRICED), Target(server.base_url), journal, progress=False)
     lines = [json.loads(x) for x in journal.read_text().splitlines()]
-    for pid, attempts in (("id0000", 1), ("id0001", 3), ("id0002", 1)):
+    for pid, attempts, amounts in (("id0000", [1], [0.001]), ("id0001", [1, 3], [0.001, 0.001]),
+                                   ("id0002", [1, 2], [0.001, 0.0004])):
         reserved = [x for x in lines if x["prompt_id"] == pid and x["status"] == "reserved"]
         [done] = [x for x in lines if x["prompt_id"] == pid and x["status"] != "reserved"]
-        assert [x["attempt"] for x in reserved] == list(range(1, attempts + 1))
-        assert all(x["worst_case_usd"] == pytest.approx(0.001) for x in reserved)
+        assert [x["attempt"] for x in reserved] == attempts
+        assert [x["worst_case_usd"] for x in reserved] == pytest.approx(amounts)
         assert done["reservations"] == [x["reservation"] for x in reserved]   # it settles exactly those
         assert lines.index(done) > max(lines.index(x) for x in reserved)
+    assert read_journal(journal).unsettled == {}
 
 
 def test_a_free_backend_writes_no_reservation_lines(tmp_path):

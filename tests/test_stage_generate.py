@@ -322,3 +322,18 @@ def test_after_a_sigkill_the_rerun_counts_the_requests_in_flight_at_their_worst_
     assert details(paths)["stop_reason"] == "budget" and final.spent_usd <= 0.03 + 1e-12
     assert final.unsettled == killed.unsettled          # the killed run's stay counted, the rerun's settled
     assert m["journal_spent_usd"] == pytest.approx(final.spent_usd)
+
+
+def test_two_fresh_runs_against_a_deterministic_server_write_the_same_table_bytes(tmp_path):
+    # No wall time (latency_s, elapsed_s) or run id in the DVC output: regenerating the same
+    # answers must not make every downstream stage rerun.
+    tables = []
+    with running(Script(delay_s=(0.0, 0.05), per_key={"p0001": ("http_503",)}, retry_after_s=0.01)) as server:
+        for run_dir in ("a", "b"):
+            (tmp_path / run_dir).mkdir()
+            paths = workspace(tmp_path / run_dir, 6, base_url=server.base_url, **PAID)
+            server.replay()                                   # the same fault schedule both times
+            assert generate.main(argv(paths)) == 0
+            tables.append((Path(paths["out"]) / "responses.parquet").read_bytes())
+    assert tables[0] == tables[1]
+    assert "latency_s" not in pq.read_schema(Path(paths["out"]) / "responses.parquet").names

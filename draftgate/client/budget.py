@@ -1,8 +1,27 @@
-"""Spend control: a request is only sent when spent + every in-flight worst case stays in budget.
+"""Spend control: a request is only sent when spent + every reserved worst case stays in budget.
 
 The budget bounds the journal, not a run: `generate.budget_usd` is the most the whole journal
 may cost, every run and every billed attempt included. A rerun starts from what the journal
 already spent (`journal_cost`), so three reruns at $0.002 spend $0.002 in all, not $0.006.
+
+The rule (write-ahead; journal.py has the line format):
+- Before every HTTP request, a first try or a retry, what it adds to the reservations must fit:
+  spent + reserved + extra <= budget_usd, else it waits for prompts in progress to settle and, if
+  it still does not fit, is not sent (a retry's prompt then fails with reason `budget`, kind
+  `stopped`, and is tried again by a rerun) and the run stops scheduling. A first try adds its
+  worst case; a retry its worst case less what its prompt's earlier attempts left of their
+  reservations (their worst cases minus their costs, a lost answer costing its worst case).
+- The worst case is reserved in memory and in the journal (a reservation line, fsynced) before
+  the request goes out. A prompt's reservations stay held until its finished line is durable;
+  only then do they turn into what its attempts cost. So at every instant what the journal would
+  show after a `kill -9` (settled lines + unsettled reservations at worst case) is what this
+  accounting counted, and it is within the budget.
+- A rerun counts every reservation no finished line settled at its worst case, for good: the
+  killed run sent (or was about to send) that request, and the provider may have billed it.
+- The bound holds at the price table: an answer billed above its worst case (generate.price
+  below the real price, or a prompt far denser than 3 characters a token) moves spent past its
+  reservation, and the next request is refused, but what was in flight can pass the budget by that
+  excess.
 
 Semantics of `budget_usd` (ranges in config.py refuse a negative one):
 - > 0: the bound. The stage prints spent / left before sending; when the next request's worst
@@ -23,7 +42,8 @@ What an attempt costs:
   200, an error body of any status with usage) count as spent and as wasted.
 - a lost answer, whose bill we never saw: a timeout, a connection dropped after the request went
   out, a 2xx whose body or usage cannot be read. The provider may have generated and billed it
-  (POST is not idempotent), so it counts at its worst case (`worst_case_usd` in the journal).
+  (POST is not idempotent), so it counts at its worst case (`worst_case_usd` in the failed
+  attempt's entry), exactly what was reserved for it.
   Only a refused connection (`connect`) certainly sent nothing.
 - an HTTP error status without usage: 0 (OpenRouter does not bill failed requests).
 """

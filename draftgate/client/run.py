@@ -4,10 +4,13 @@
 slot, so in-flight plus waiting never exceeds `concurrency`). Before every attempt, a first try
 or a retry, the budget is checked and the attempt's worst case reserved, in memory and in the
 journal (a reservation line, fsynced before the request is sent: journal.py, "Write-ahead
-budget"). The finished line (fsynced) settles the prompt's reservations with what its attempts
-cost; only then are budget, stats and progress updated. Until then every attempt of the prompt
-counts at its worst case, in memory as on disk, so a `kill -9` at any instant leaves a journal
-whose total (settled + unsettled at worst case) is within the budget.
+budget"). A retry reserves only what the prompt's reservations do not already cover: its worst
+case less what the earlier attempts left unspent (all of it after a free 429, none after a lost
+answer), so a retry after a free error needs no new reservation. The finished line (fsynced)
+settles the prompt's reservations with what its attempts cost; only then are budget, stats and
+progress updated. Until then the prompt holds all it reserved, in memory as on disk, so a
+`kill -9` at any instant leaves a journal whose total (settled + unsettled at worst case) is
+within the budget.
 
 Secrets (redact.py): the key and any configured secret are cut out of every answer where it
 arrives (body, headers, error details), before anything is journaled, printed or counted.
@@ -483,16 +486,20 @@ class _Runner:
             if self.r.stop_reason not in (None, "budget"):
                 return self._failed(base, "stopped", f"stopped_{self.r.stop_reason}", verdict, failures,
                                     attempt - 1, t_start, spend)
-            if attempt > 1:
-                if not await self._admit(worst, retry=True):
+            # What this attempt adds to the prompt's reservations: its worst case, less what the
+            # earlier attempts left of theirs (a free 429 leaves all of it, a lost answer none).
+            extra = worst if attempt == 1 else max(0.0, spend.cost + worst - spend.held)
+            if attempt > 1 and extra > 1e-12:
+                if not await self._admit(extra, retry=True):
                     if self.r.stop_reason not in (None, "budget"):
                         return self._failed(base, "stopped", f"stopped_{self.r.stop_reason}", verdict, failures,
                                             attempt - 1, t_start, spend)
                     self.r.refused_retries += 1
-                    self.stop("budget", self._budget_stop(worst, retry=True))
+                    self.stop("budget", self._budget_stop(extra, retry=True))
                     return self._failed(base, "stopped", "budget", verdict, failures, attempt - 1, t_start, spend)
-                spend.held += worst
-            await self._journal_reservation(base, attempt, worst, spend)
+                spend.held += extra
+            if extra > 1e-12:
+                await self._journal_reservation(base, attempt, extra, spend)
             t = time.monotonic()
             verdict, comp, cost, failure = await self._attempt(body, worst)
             spend.cost += cost

@@ -144,6 +144,10 @@ class ScriptedServer:
     def actions(self) -> Counter:
         return Counter(a.action for a in self.log)
 
+    def replay(self) -> None:
+        """Forget how often each key was seen: the next requests get the schedule from attempt 1."""
+        self._seen.clear()
+
     # ------------------------------------------------------------ decisions
 
     def plan(self, key: str, attempt: int) -> str:
