@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from draftgate.config import ServeParams
     from draftgate.io import write_json
-    from draftgate.serve.local import running
+    from draftgate.serve.process import running
     from draftgate.serve.model import load
 
     # Shared machines skew every figure here: record how busy it was.

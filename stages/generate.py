@@ -104,7 +104,7 @@ def target(params: Any, remote: Any) -> Iterator[Any]:
         yield remote(params.generate)
         return
     from draftgate.client.target import env_secrets
-    from draftgate.serve.local import running, served_identity
+    from draftgate.serve.process import running, served_identity
 
     with running(params.serve) as url:   # no key is sent, but one in the environment is never written
         yield Target(url, identity=served_identity(url), extra_secrets=env_secrets(params.generate))

@@ -7,8 +7,10 @@ then every test shares it; `running()` starts real `draftgate serve` subprocesse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import re
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from draftgate.config import ServeParams
-from draftgate.serve import local
+from draftgate.serve import http, local, process, protocol
 from draftgate.serve.model import END_TOKEN, SERVED_NAME, Sampling, generate_batch, gguf_path, load
 
 HI = [{"role": "user", "content": "Say hello in one short sentence."}]
@@ -40,21 +42,28 @@ def cached(lm, cache):
     return load("cpu", cache_root=cache)     # what every later process serves
 
 
-@pytest.fixture(scope="session")
-def server(cached):
+@contextlib.contextmanager
+def serving(lm):
     # The real aiohttp app on its own loop in a thread, so tests can call it with plain httpx.
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(local.build_app(cached, ServeParams(max_batch=8, batch_wait_ms=50)))
+    runner = web.AppRunner(http.build_app(lm, ServeParams(max_batch=8, batch_wait_ms=50)))
     sock = socket.create_server(("127.0.0.1", 0))
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.SockSite(runner, sock).start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    root = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    yield root
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def server(cached):
+    with serving(cached) as root:
+        yield root
 
 
 def chat(server: str, messages=HI, **fields) -> dict:
@@ -119,12 +128,12 @@ def test_models_lists_the_served_model(server):
 
 
 def test_the_server_reports_the_identity_of_what_it_serves(server, cached, smollm2_tok):
-    identity = local.served_identity(f"{server}/v1")
+    identity = process.served_identity(f"{server}/v1")
     assert identity == cached.identity
     assert identity["tokenizer"] == smollm2_tok.fingerprint          # the very tokenizer the pipeline loads
     assert identity["chat_template"] == hashlib.sha256(smollm2_tok.chat_template.encode()).hexdigest()
     assert len(identity["weights"]) == 64 and identity["device"] == "cpu"
-    assert chat(server, max_tokens=1)["system_fingerprint"] == local.system_fingerprint(cached)
+    assert chat(server, max_tokens=1)["system_fingerprint"] == protocol.system_fingerprint(cached)
 
 
 def test_completion_ids_decode_to_content_plus_end_token_and_usage_counts_them(server, lm):
@@ -136,6 +145,25 @@ def test_completion_ids_decode_to_content_plus_end_token_and_usage_counts_them(s
     assert lm.tokenizer.decode(choice["token_ids"]) == choice["message"]["content"] + END_TOKEN
     assert body["usage"]["completion_tokens"] == len(choice["token_ids"])
     assert body["usage"]["prompt_tokens"] == len(body["prompt_token_ids"])
+
+
+def test_completion_ids_repeat_in_a_second_run_and_differ_between_prompts(cached):
+    colour, fruit = [{"role": "user", "content": "Name a colour."}], [{"role": "user", "content": "Name a fruit."}]
+    runs = []
+    for _ in range(2):   # two server starts, as two runs of the generate stage
+        with serving(cached) as root:
+            runs.append([chat(root, m, max_tokens=2, seed=3)["id"] for m in (colour, fruit, colour)])
+    assert runs[0] == runs[1] and all(re.fullmatch(r"chatcmpl-[0-9a-f]{32}", i) for i in runs[0])
+    assert len(set(runs[0])) == 3        # another prompt, and a repeat of one, are other generations
+
+
+def test_a_completion_id_hashes_the_body_whatever_its_key_order_and_counts_repeats():
+    first, second = protocol.CompletionIds(), protocol.CompletionIds()
+    body = {"messages": HI, "seed": 1, "max_tokens": 4}
+    gid = first.next(body)
+    assert second.next(dict(reversed(body.items()))) == gid
+    assert first.next(body) != gid                       # the same body again: its second generation
+    assert second.next({**body, "seed": 2}) != gid
 
 
 def test_prompt_token_ids_are_the_tokenizers_own_chat_template_ids(server, lm):
@@ -242,7 +270,7 @@ def test_a_body_that_is_not_json_and_an_unknown_route_get_json_errors(server):
 
 def test_running_starts_a_subprocess_server_and_stops_it_on_exit(cache, monkeypatch):
     monkeypatch.setenv("DRAFTGATE_CACHE", str(cache))
-    with local.running(ServeParams(device="cpu", max_batch=4)) as url:
+    with process.running(ServeParams(device="cpu", max_batch=4)) as url:
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
         body = httpx.post(f"{url}/chat/completions", json={"messages": HI, "max_tokens": 4}, timeout=60).json()
         assert body["usage"]["completion_tokens"] >= 1
@@ -252,7 +280,7 @@ def test_running_starts_a_subprocess_server_and_stops_it_on_exit(cache, monkeypa
 
 def test_running_reports_a_dead_server_with_its_stderr():
     with pytest.raises(RuntimeError, match=r"(?s)exited with code 1.*cannot listen on 256\.0\.0\.1"):
-        with local.running(host="256.0.0.1"):
+        with process.running(host="256.0.0.1"):
             pass
 
 
@@ -278,7 +306,7 @@ def test_a_server_whose_stage_was_killed_stops_by_itself():
     import time
 
     stage = subprocess.Popen(
-        [sys.executable, "-c", "import time\nfrom draftgate.serve.local import running\n"
+        [sys.executable, "-c", "import time\nfrom draftgate.serve.process import running\n"
                                "with running() as url:\n    print(url, flush=True)\n    time.sleep(600)"],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -1,6 +1,7 @@
 """Local serving: the embedded default target model behind an OpenAI-compatible API.
 
-`model` loads/caches SmolLM2 and generates in batches; `local` is the HTTP server, `draftgate
-serve`, and `running()` (a subprocess server for tests and pipelines); `scripted` is a
-fault-injecting stand-in for client tests.
+`model` loads/caches SmolLM2 and generates in batches; `local` is `draftgate serve`, the HTTP
+server built from `protocol` (requests, responses, completion ids), `batcher`, `http` (the app)
+and its route modules (`chat`); `process.running()` runs it as a subprocess for stages and tests;
+`scripted` is a fault-injecting stand-in for client tests.
 """
