@@ -78,6 +78,46 @@ def test_a_checkpoint_with_other_params_is_refused(ws, tmp_path):
     assert train_into(ws, out, ws.params(), stop_after=2) == 0
     with pytest.raises(RunError, match="another train"):
         train_into(ws, out, ws.params("p_lr.yaml", lr=0.01))
+    # Other threads would continue the curve in other last bits: a drafter no uninterrupted run gives.
+    with pytest.raises(RunError, match="another train"):
+        train_into(ws, out, ws.params("p_threads.yaml", threads=2))
+
+
+def test_a_second_run_writes_the_same_bytes_and_records_its_threads(ws, trained, tmp_path):
+    import json
+
+    out = tmp_path / "again"
+    assert train_into(ws, out, ws.params()) == 0
+    first, second = (sorted(p.relative_to(d / "drafter") for p in (d / "drafter").rglob("*") if p.is_file())
+                     for d in (trained, out))
+    assert first == second and len(first) == 8
+    assert [str(p) for p in first if (trained / "drafter" / p).read_bytes() != (out / "drafter" / p).read_bytes()] == []
+    assert (trained / "train_loss.json").read_bytes() == (out / "train_loss.json").read_bytes()
+    details = json.loads((trained / "metrics" / "train.details.json").read_text())
+    assert details["params"]["drafter"]["threads"] == 1
+    info = json.loads((trained / "drafter" / "sglang" / "draftgate.json").read_text())
+    assert info["train"]["params"]["threads"] == 1
+    # Nothing of this machine inside the artifact: no temp folder, no cache path of the target.
+    from draftgate import cache
+
+    for p in first:
+        if p.suffix == ".json":
+            text = (trained / "drafter" / p).read_text()
+            assert [s for s in (str(ws.root), str(trained), str(cache.root())) if s in text] == [], p
+    assert info["target"]["path"] == "embedded:smollm2-135m-instruct"
+
+
+def test_torch_runs_on_the_given_threads_inside_and_on_its_own_after():
+    import torch
+
+    from draftgate.drafter.train import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(3):
+        assert torch.get_num_threads() == 3
+    assert torch.get_num_threads() == before
+    with torch_threads(None):
+        assert torch.get_num_threads() == before
 
 
 def test_changed_data_with_an_old_map_is_refused_naming_both_hashes(ws, trained, tmp_path_factory, tmp_path):

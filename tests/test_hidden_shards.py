@@ -114,6 +114,22 @@ def test_a_rerun_trusts_every_recorded_shard_and_recomputes_none(work, clean):
     assert "tokens_per_s" not in m          # nothing extracted: no throughput, rather than 0 tok/s
 
 
+def test_a_fresh_run_writes_the_same_bytes_and_names_the_target_without_a_local_path(work, clean):
+    """Shards, index and manifest are a function of the tokens and the params: DVC sees the same
+    hash for data/hidden on every rerun and machine (the shards' safetensors metadata came out in a
+    per-process order, and the manifest named the target by its folder in the user's cache)."""
+    from draftgate import cache
+
+    out = work / "again"
+    assert stage.main(stage_args(work, out, work / "clean.yaml")) == 0
+    names = sorted(p.name for p in clean.iterdir())
+    assert names == sorted(p.name for p in out.iterdir()) and len(names) > 3
+    assert [n for n in names if (clean / n).read_bytes() != (out / n).read_bytes()] == []
+    text = (clean / "manifest.json").read_text()
+    assert str(cache.root()) not in text and str(work) not in text
+    assert json.loads(text)["model"]["path"] == "embedded:smollm2-135m-instruct"
+
+
 def test_a_corrupted_shard_is_recomputed_and_the_rest_resumed(work, clean):
     import shutil
 
