@@ -25,8 +25,9 @@ REASONS = (
     "invalid_utf8", "invalid_json", "not_an_object", "no_messages", "no_user_turn",
     "unknown_role", "empty_content", "bad_message", "bad_tools", "bad_tool_schema",
 )
-# Decided by decide() with the target's template, not by a record alone.
+# Decided by decide() with the target's template and tokenizer, not by a record alone.
 TEMPLATE_UNSUPPORTED = "template_unsupported"
+TOO_LONG = "too_long"          # the rendered prompt leaves no room for generate.max_tokens
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT speaker names -> OpenAI roles; function_call/observation carry tool calls/results.
 SHAREGPT_ROLES = {
@@ -420,23 +421,102 @@ def _check_order(messages: list[dict]) -> None:
 
 # ---------------------------------------------------------------- the whole run
 
-def decide(record: RawRecord, render_problem: Callable[[list[dict], list[dict] | None], str | None] | None
-           ) -> Prompt | Reject | None:
+Problem = Callable[[list[dict], list[dict] | None], "str | tuple[str, str] | None"]
+
+
+def decide(record: RawRecord, render_problem: Problem | None) -> Prompt | Reject | None:
     """`process`, then the target template's verdict: a Prompt, a Reject, or None (blank line).
 
     `render_problem(messages, tools)` says why the target's chat template cannot render a prompt
-    (None when it can): such a prompt could never become exact training data, so it is rejected
+    (a detail: template_unsupported), or (reason, detail) for another target-side reason (too_long);
+    None when it can: such a prompt could never become exact training data, so it is rejected
     here, before any request is paid for.
     """
     out = process(record)
     if render_problem is not None and isinstance(out, Prompt):
         problem = render_problem(json.loads(out.messages), json.loads(out.tools) if out.tools else None)
         if problem is not None:
-            out = Reject(out.source, TEMPLATE_UNSUPPORTED, problem, _truncate(out.messages.encode("utf-8")))
+            reason, detail = problem if isinstance(problem, tuple) else (TEMPLATE_UNSUPPORTED, problem)
+            assert reason in (TEMPLATE_UNSUPPORTED, TOO_LONG), reason
+            out = Reject(out.source, reason, detail, _truncate(out.messages.encode("utf-8")))
     return out
 
 
-def stage_metrics(t: Tally, params: PromptsParams):
+# ---------------------------------------------------------------- the target's context
+
+@dataclass(frozen=True)
+class LengthLimit:
+    """The longest prompt the target can answer: its context less generate.max_tokens."""
+    max_prompt_tokens: int | None   # None: the context is unknown, no prompt is measured
+    context: int | None
+    source: str                     # where the context came from, for the metrics and the errors
+
+
+def length_limit(context_tokens: int | None, declared: Any, max_tokens: int) -> LengthLimit:
+    """From prompts.context_tokens, else the tokenizer's declared `model_max_length` (transformers
+    puts 1e30 there when the tokenizer declares none: anything past MAX_CONTEXT counts as none)."""
+    from draftgate.config import MAX_CONTEXT
+
+    if context_tokens is not None:
+        context, source = context_tokens, "prompts.context_tokens"
+    elif isinstance(declared, int) and 0 < declared <= MAX_CONTEXT:
+        context, source = declared, "the tokenizer's model_max_length"
+    else:
+        return LengthLimit(None, None, "none: the tokenizer declares no context; set prompts.context_tokens")
+    if max_tokens >= context:
+        raise ValueError(f"generate.max_tokens {max_tokens} leaves no room for a prompt in the target's context "
+                         f"of {context} tokens ({source}); lower generate.max_tokens")
+    return LengthLimit(context - max_tokens, context, source)
+
+
+# Most prompts are never encoded. A token spans at least one byte of normalised text (byte-level
+# BPE; SentencePiece's byte fallback), so a prompt whose bytes are within a quarter of the limit
+# fits (the factor covers normalisation that grows text, NFC at most 3x, and an added prefix
+# space). A token spans at most the tokenizer's widest token, so a prompt of more than twice
+# (NFC can shrink text) that many bytes per allowed token is too long: a 10 MB message is
+# refused without encoding it (encoded, it took 32 s and 1.4 GB for SmolLM2's 2.3M tokens).
+UNMEASURED_BYTES_FACTOR = 4
+SHRINK_FACTOR = 2
+
+
+def widest_token(tok: Any) -> int | None:
+    """Bytes of the tokenizer's longest token, or None when its pieces are not byte-level."""
+    from draftgate.tokenizers import TokenizerError
+
+    try:
+        return max(len(tok.token_bytes(i)) for i in range(tok.vocab_size))
+    except TokenizerError:
+        return None
+
+
+def too_long(limit: LengthLimit, encode: Callable[[Any], list[int]], template_name: str,
+             max_tokens: int, widest: int | None = None) -> Callable[[Any], tuple[str, str] | None]:
+    """A check of rendered segments: (too_long, detail) when they encode past the limit.
+    `encode(segments) -> ids` encodes them as the target's tokenizer does (specials by name);
+    `widest`: widest_token() of that tokenizer (None: every long prompt is encoded)."""
+    def check(segments: Any) -> tuple[str, str] | None:
+        if limit.max_prompt_tokens is None:
+            return None
+        text = sum(len(s.text.encode("utf-8")) for s in segments if hasattr(s, "text"))
+        specials = sum(1 for s in segments if not hasattr(s, "text"))
+        if (text + specials) * UNMEASURED_BYTES_FACTOR <= limit.max_prompt_tokens:
+            return None
+        if widest is not None and text // (SHRINK_FACTOR * widest) + specials > limit.max_prompt_tokens:
+            size = (f"at least {text // (SHRINK_FACTOR * widest) + specials} tokens ({text} bytes of text, "
+                    f"no token of the tokenizer spans more than {widest})")
+        else:
+            n = len(encode(segments))
+            if n <= limit.max_prompt_tokens:
+                return None
+            size = f"{n} tokens"
+        return TOO_LONG, (f"the prompt is {size} rendered by the {template_name} template; the target's "
+                          f"context of {limit.context} tokens ({limit.source}) less generate.max_tokens "
+                          f"{max_tokens} leaves {limit.max_prompt_tokens}; shorten the prompt, lower "
+                          "generate.max_tokens, or leave its dataset out (prompts.datasets)")
+    return check
+
+
+def stage_metrics(t: Tally, params: PromptsParams, limit: LengthLimit | None = None):
     from draftgate.config import as_dict
     from draftgate.metrics import StageMetrics
 
@@ -461,6 +541,9 @@ def stage_metrics(t: Tally, params: PromptsParams):
         "datasets": {d: {"in": n, "out": t.out_by_dataset[d], "rejects": t.rejects_by_dataset[d]}
                      for d, n in sorted(t.per_dataset_in.items())},
     })
+    if limit is not None:
+        m.figures["prompt_length"] = {"max_prompt_tokens": limit.max_prompt_tokens, "context": limit.context,
+                                      "source": limit.source}
     return m
 
 

@@ -15,16 +15,16 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from draftgate.config import PromptsParams
-from draftgate.prompts import Prompt, RawRecord, Reject, Tally, decide, split_of
+from draftgate.prompts import Problem, Prompt, RawRecord, Reject, Tally, decide, split_of
 
 BATCH = 8192
 
 
 def ingest_to_files(records: Iterable[RawRecord], params: PromptsParams, out_dir: Path,
-                    render_problem: Callable[[list[dict], list[dict] | None], str | None] | None = None) -> Tally:
+                    render_problem: Problem | None = None) -> Tally:
     import os
     import shutil
     import tempfile

@@ -34,11 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         records = (r for path in files for r in _read(prompts, path))
         # Streamed (prompts_stream.py): files in name order, records in line order, two passes
         # over part files; memory does not grow with the rows.
-        tally = ingest_to_files(records, params, Path(args.out), _render_problem(all_params))
+        problem, limit = _render_problem(all_params)
+        tally = ingest_to_files(records, params, Path(args.out), problem)
     except (ParamsError, OSError, ValueError) as e:
         print(f"stages.prompts: {e}", file=sys.stderr)
         return 2
-    metrics = prompts.stage_metrics(tally, params)
+    metrics = prompts.stage_metrics(tally, params, limit)
     metrics.write(args.metrics)
     print(f"prompts: {metrics.rows_in} records -> {metrics.rows_out} prompts "
           f"({metrics.figures['n_rejects']} rejected, {tally.n_duplicates} duplicates, "
@@ -60,22 +61,29 @@ def _selected(files: list[Path], datasets: list[str] | None, raw: str) -> list[P
 def _render_problem(params):
     """The target's verdict on each prompt: None when it renders, else why not. The template as
     code must render it, and so must the model directory's own template where there is one (the
-    serving engine renders with that one: a prompt it refuses would be paid for and fail)."""
+    serving engine renders with that one: a prompt it refuses would be paid for and fail); its
+    tokens must leave generate.max_tokens of the target's context (too_long). Also returns the
+    length limit, for the metrics."""
     from draftgate.official import OfficialTemplateError, official_template
+    from draftgate.prompts import length_limit, too_long, widest_token
     from draftgate.reconstruct.request import apply_rules
-    from draftgate.templates import TemplateError, get_template
+    from draftgate.templates import TemplateError, encode_segments, get_template
+    from draftgate.tokenizers import load_tokenizer
 
     template, thinking = get_template(params.template.name), params.template.thinking
+    tok = load_tokenizer(params.tokenizer)
     official = None
     if params.tokenizer.kind == "hf_dir":
-        from draftgate.tokenizers import load_tokenizer
-
-        official = official_template(load_tokenizer(params.tokenizer), "hf_dir", params.tokenizer.path)
+        official = official_template(tok, "hf_dir", params.tokenizer.path)
+    limit = length_limit(params.prompts.context_tokens, tok.hf.model_max_length, params.generate.max_tokens)
+    ids = {n: tok.token_id(n) for n in template.special_names}     # by name; the contract proves them
+    length = too_long(limit, lambda segs: encode_segments(tok, [segs], ids)[0], template.name,
+                      params.generate.max_tokens, widest_token(tok) if limit.max_prompt_tokens else None)
 
     def problem(messages, tools):
         tools = apply_rules(tools, params.reconstruct.request_rules)
         try:
-            template.render_prompt(messages, tools, thinking)
+            segments = template.render_prompt(messages, tools, thinking)
         except TemplateError as e:
             return f"the {template.name} template cannot render this prompt: {e}; choose a template " \
                    f"that supports it (template.name) or leave its dataset out (prompts.datasets)"
@@ -84,9 +92,9 @@ def _render_problem(params):
                 official.render(messages, tools, template.jinja_kwargs(thinking))
             except OfficialTemplateError as e:
                 return f"{e}; leave such prompts out (prompts.datasets) or fix the model directory"
-        return None
+        return length(segments)
 
-    return problem
+    return problem, limit
 
 
 def _read(prompts, path: Path):

@@ -343,3 +343,17 @@ def test_read_raw_numbers_lines_from_one_and_handles_bom_crlf_and_u2028(tmp_path
     rejects = pq.read_table(tmp_path / "out" / "rejects.parquet").to_pylist()
     assert [(r["source"], r["reason"]) for r in rejects] == [("win.jsonl:3", "bad_message")]
     assert tally.blank_lines == 1
+
+
+# ---------------------------------------------------------------- the target's context
+
+def test_the_length_limit_is_the_context_less_max_tokens_from_the_param_or_the_tokenizers_declared_context():
+    from draftgate.prompts import LengthLimit, length_limit
+
+    assert length_limit(8192, None, 128) == LengthLimit(8064, 8192, "prompts.context_tokens")
+    # deepseek's tokenizer_config declares 1,048,576
+    assert length_limit(None, 1_048_576, 128) == LengthLimit(1_048_448, 1_048_576, "the tokenizer's model_max_length")
+    none = length_limit(None, int(1e30), 128)      # transformers' "declares none" (the GGUF tokenizers)
+    assert none.max_prompt_tokens is None and "set prompts.context_tokens" in none.source
+    with pytest.raises(ValueError, match="generate.max_tokens 4096 leaves no room .* 4096 tokens"):
+        length_limit(None, 4096, 4096)

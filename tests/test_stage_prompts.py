@@ -47,7 +47,8 @@ def test_the_stage_writes_prompts_rejects_and_metrics_with_exact_schemas(workdir
     from draftgate.metrics import details_path
 
     details = json.loads(details_path(workdir / "metrics" / "prompts.json").read_text())
-    assert details["params"] == {"datasets": None, "heldout_fraction": 0.25, "split_seed": 3, "max_prompts": None}
+    assert details["params"] == {"datasets": None, "heldout_fraction": 0.25, "split_seed": 3, "max_prompts": None,
+                                 "context_tokens": None}
     assert not list((workdir / "out").glob(".*.tmp"))
 
 
@@ -172,3 +173,58 @@ def test_a_nan_inside_a_parquet_tool_schema_is_a_reject_with_file_and_row_not_a_
     assert rejects[0]["detail"].startswith("tools[0].function.parameters.properties.x.maximum is nan")
     metrics = json.loads((workdir / "metrics" / "prompts.json").read_text())
     assert metrics["drops_by_reason"] == {"bad_tool_schema": 2}
+
+
+# ---------------------------------------------------------------- the target's context
+
+def rendered_len(tok, content):
+    """Tokens of a one-turn prompt as the target renders it (chatml, the embedded SmolLM2)."""
+    from draftgate.templates import encode_segments, get_template
+
+    t = get_template("chatml")
+    segs = t.render_prompt([{"role": "user", "content": content}], None, False)
+    return len(encode_segments(tok, [segs], {n: tok.token_id(n) for n in t.special_names})[0])
+
+
+def test_a_prompt_past_the_targets_context_less_max_tokens_is_rejected_too_long_with_file_line(workdir, smollm2_tok):
+    # context 64 - max_tokens 16 leaves 48 prompt tokens: one that renders to 48 fits, 49 does not.
+    words = next(n for n in range(1, 64) if rendered_len(smollm2_tok, " x" * n) == 48)
+    assert rendered_len(smollm2_tok, " x" * (words + 1)) == 49
+    write_lines(workdir / "raw" / "chat.jsonl", [{"messages": [{"role": "user", "content": " x" * words}]},
+                                                 {"messages": [{"role": "user", "content": " x" * (words + 1)}]},
+                                                 {"messages": [{"role": "user", "content": "far past " * 50_000}]}])
+    (workdir / "params.yaml").write_text("prompts:\n  context_tokens: 64\ngenerate:\n  max_tokens: 16\n")
+    assert run(workdir) == 0
+    assert pq.read_table(workdir / "out" / "prompts.parquet").num_rows == 1
+    rejects = pq.read_table(workdir / "out" / "rejects.parquet").to_pylist()
+    assert [(r["source"], r["reason"]) for r in rejects] == [("chat.jsonl:2", "too_long"), ("chat.jsonl:3", "too_long")]
+    assert "the prompt is 49 tokens" in rejects[0]["detail"] and "leaves 48" in rejects[0]["detail"]
+    assert "generate.max_tokens" in rejects[0]["detail"] and "prompts.context_tokens" in rejects[0]["detail"]
+    # 450 KB: refused by its bytes (no token spans more than the widest), never encoded.
+    assert "the prompt is at least" in rejects[1]["detail"]
+    metrics = json.loads((workdir / "metrics" / "prompts.json").read_text())
+    assert metrics["drops_by_reason"] == {"too_long": 2}
+    from draftgate.metrics import details_path
+
+    assert metrics["prompt_length"] == {"max_prompt_tokens": 48, "context": 64}
+    details = json.loads(details_path(workdir / "metrics" / "prompts.json").read_text())
+    assert details["prompt_length"]["source"] == "prompts.context_tokens"
+
+
+def test_max_tokens_that_fill_the_context_stop_the_stage_naming_both_keys(workdir, capsys):
+    write_lines(workdir / "raw" / "chat.jsonl", [{"messages": [USER]}])
+    (workdir / "params.yaml").write_text("prompts:\n  context_tokens: 64\ngenerate:\n  max_tokens: 64\n")
+    assert run(workdir) == 2
+    assert "generate.max_tokens: 64 leaves no room for a prompt in the target's context (prompts.context_tokens 64)" \
+        in capsys.readouterr().err
+
+
+def test_the_demo_context_is_the_embedded_models_own():
+    # params.yaml states it because the GGUF's tokenizer declares none; the model's config does.
+    import yaml
+
+    from draftgate.serve.model import cached_weights
+
+    config = json.loads((cached_weights().path / "config.json").read_text())
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert params["prompts"]["context_tokens"] == config["max_position_embeddings"] == 8192
