@@ -1,9 +1,9 @@
 """Tables in, tables out: responses + prompts -> tokens and the mismatch report, in bounded memory.
 
 Rows go through `core.reconstruct` in chunks: ids live as Python lists only for one chunk, each
-chunk's Arrow table goes straight to a Parquet writer, and only a few scalar columns per row are
-kept (as Arrow) for billing, which is settled once over the whole table (a convention is a
-property of the provider) and written in a second streaming pass over the part file. Prompts are
+chunk's Arrow table goes straight to a Parquet writer, and only a few scalar facts per row are
+kept (numpy) for billing, which is settled once over the whole table (settle.py: a convention is
+a property of the provider) and written in a second streaming pass over the part file. Prompts are
 read in step with the responses when the responses follow the prompts' order, as the generate
 stage writes them; otherwise they are looked up in memory. Prompt and completion ids are joined
 into `input_ids` in numpy, not as a Python list per row.
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from draftgate.config import BillingParams
-from draftgate.reconstruct import billing
-from draftgate.reconstruct.core import EXAMPLES, PROMPT_EXACT, PROMPT_IDS, Result, Setup, reconstruct
+from draftgate.reconstruct.core import EXAMPLES, PROMPT_IDS, Result, Setup, reconstruct
 from draftgate.reconstruct.logprobs import BytesIndex
+from draftgate.reconstruct.settle import BillingFacts, settle, with_settled
 
 # Rows per core.reconstruct call. Small enough that a chunk's id lists stay in cache and the
 # memory they free is reused by the next chunk (4096 rows cost ~15% more in page faults).
@@ -52,11 +52,12 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
             with pq.ParquetWriter(part, schema.tokens()) as w:
                 for t in first.run(source.iter_batches(batch_size=chunk)):
                     w.write_table(t)
-            settled, summary = first.settle(billing_params or BillingParams(), on_billing_mismatch)
+            settled, summary = settle(first.facts, billing_params or BillingParams(), on_billing_mismatch,
+                                      first.total)
             with atomic_path(out_path) as tmp, pq.ParquetWriter(tmp, schema.tokens()) as w:
                 offset = 0
                 for batch in pq.ParquetFile(part, pre_buffer=False).iter_batches(batch_size=8 * chunk):
-                    t = first.with_settled(pa.Table.from_batches([batch]), settled, offset)
+                    t = with_settled(pa.Table.from_batches([batch]), settled, offset, first.total)
                     w.write_table(t)
                     offset += t.num_rows
         finally:
@@ -109,116 +110,23 @@ class PromptsInStep:
 
 
 class _FirstPass:
-    """Reconstruct chunk after chunk; keep the counts and, per row, only the ~35 bytes billing
-    needs (numpy: provider code, lengths, bills, flags) until it is settled."""
+    """Reconstruct chunk after chunk, yielding each chunk's table; keep the counts and the facts
+    billing is settled on afterwards (settle.py)."""
 
     def __init__(self, setup: Setup, lookup: Callable[[list[str]], dict], index: Any):
         self.setup, self.lookup, self.index = setup, lookup, index
         self.total = Result([])
-        self.providers: dict[str, int] = {}
-        self.parts: list[dict[str, Any]] = []
-        self.examples: list[tuple[int, str]] = []    # (row, detail) of billing quarantines, for review
+        self.facts = BillingFacts()
 
     def run(self, batches: Iterable[Any]) -> Iterator[Any]:
-        import numpy as np
-
         for batch in batches:
             rows = batch.to_pylist()
             res = reconstruct(rows, self.lookup([r["prompt_id"] for r in rows]), self.setup, self.index,
                               joined=False)
             t = to_arrow(res.rows)
-            rs = res.rows
-            self.parts.append({
-                "code": np.array([self.providers.setdefault(billing.provider_key(r["provider"]), len(self.providers))
-                                  for r in rs], dtype=np.int32),
-                **_ints(rs, "n_completion", "n"), **_ints(rs, "billed_completion_tokens", "billed"),
-                **_ints(rs, "prompt_len", "plen"), **_ints(rs, "billed_prompt_tokens", "bprompt"),
-                "ends": np.array([bool(r["ends_with_eos"]) for r in rs], dtype=bool),
-                "exact": np.array([r["method"] in ("truth", "logprobs") for r in rs], dtype=bool),
-                "quarantined": np.array([r["quarantine_reason"] is not None for r in rs], dtype=bool),
-                "pexact": np.array([bool(r.get(PROMPT_EXACT)) for r in rs], dtype=bool),
-            })
+            self.facts.add(res.rows)
             _merge(self.total, res)
             yield t
-
-    def settle(self, params: Any, on_mismatch: str) -> tuple[dict[str, Any], dict]:
-        """Conventions (declared, or learned from exact rows) and every row's residuals; the
-        summary. Marks rows for quarantine on a billing mismatch when asked."""
-        import numpy as np
-        import pyarrow as pa
-
-        keys = list(self.providers)
-        names = ("code", "n", "n_ok", "billed", "billed_ok", "plen", "plen_ok", "bprompt", "bprompt_ok",
-                 "ends", "exact", "quarantined", "pexact")
-        c = {k: np.concatenate([p[k] for p in self.parts]) for k in names} if self.parts else \
-            {k: np.zeros(0, dtype=bool if k.endswith("ok") or k in ("ends", "exact", "quarantined", "pexact")
-                         else np.int64) for k in names}
-        self.parts = []
-        measured = c["n_ok"]
-        graded = measured & ~c["quarantined"]
-
-        def columns(rows: Any) -> billing.Columns:
-            return billing.Columns(keys, c["code"], c["n"], c["billed"], c["billed_ok"] & rows, c["ends"], c["exact"],
-                                   c["plen"], c["plen_ok"] & rows, c["bprompt"], c["bprompt_ok"], c["pexact"])
-        graded_cols = columns(graded)
-        conventions = billing.settle_columns(graded_cols, params.completion, params.prompt)
-        summary = billing.summary_columns(graded_cols, conventions)
-        # Residuals for every reconstructed row (quarantined ones too, as diagnostics).
-        every = columns(measured)
-        res, res_ok = every.completion_residuals(conventions)
-        pres, pres_ok = every.prompt_residuals(conventions)
-        has = np.array([k in conventions for k in keys] + [False], dtype=bool)[c["code"]] & measured
-        # Per provider, then taken per row by code in Arrow: no Python object per row.
-        code = pa.array(c["code"], pa.int32(), mask=~has)
-        conv = pa.array([conventions[k].completion if k in conventions else None for k in keys] + [None],
-                        pa.string()).take(code)
-        off = pa.array([conventions[k].prompt_offset if k in conventions else None for k in keys] + [None],
-                       pa.int32()).take(code)
-        del code
-        bad = np.zeros(len(has), dtype=bool)
-        if on_mismatch == "quarantine":
-            bad = graded & ((res_ok & (res != 0)) | (pres_ok & (pres != 0)))
-            if bad.any():
-                self.total.counts["quarantine"]["billing_mismatch"] += int(bad.sum())
-            room = EXAMPLES - len(self.total.examples["billing_mismatch"])
-            self.examples = [(int(i), f"completion residual {int(res[i]) if res_ok[i] else None}, prompt "
-                                      f"residual {int(pres[i]) if pres_ok[i] else None}")
-                             for i in np.flatnonzero(bad)[:max(room, 0)]]
-        settled = {
-            "billing_convention": conv,
-            "billing_residual": pa.array(res, pa.int64(), mask=~(res_ok & has)),
-            "prompt_billing_offset": off,
-            "prompt_billing_residual": pa.array(pres, pa.int64(), mask=~(pres_ok & has)),
-            "bad": bad,
-        }
-        return settled, summary
-
-    def with_settled(self, table: Any, settled: dict[str, Any], offset: int) -> Any:
-        """A slice of the first pass's table (rows offset.. of the whole) with the settled columns."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        n = table.num_rows
-        for name in ("billing_convention", "billing_residual", "prompt_billing_offset", "prompt_billing_residual"):
-            table = table.set_column(table.schema.get_field_index(name), name, settled[name].slice(offset, n))
-        bad = settled["bad"][offset:offset + n]
-        if bad.any():
-            k = table.schema.get_field_index("quarantine_reason")
-            table = table.set_column(k, "quarantine_reason", pc.if_else(
-                pa.array(bad), pa.scalar("billing_mismatch", pa.string()), table.column(k)))
-            ids = table.column("prompt_id")
-            for i, detail in self.examples:
-                if offset <= i < offset + n:
-                    self.total.examples["billing_mismatch"].append(f"{ids[i - offset].as_py()}: {detail}")
-        return table
-
-
-def _ints(rows: list[dict], key: str, name: str) -> dict[str, Any]:
-    import numpy as np
-
-    values = [r[key] for r in rows]
-    return {name: np.array([v or 0 for v in values], dtype=np.int64),
-            f"{name}_ok": np.array([v is not None for v in values], dtype=bool)}
 
 
 class _LazyIndex:
