@@ -53,6 +53,13 @@ def setup(params: Params, hidden_dir: Path, tokens_path: Path, target: Any = Non
         raise RunError(str(e)) from None
     try:
         manifest = read_manifest(hidden_dir)
+        # The earliest the target's vocabulary is known to training: before hashing the tokens or
+        # loading the target (vocab_from_tokens would refuse it too, after both).
+        vocab = (manifest.get("model") or {}).get("vocab_size")
+        if isinstance(vocab, int) and params.drafter.draft_vocab_size > vocab:
+            raise RunError(f"drafter.draft_vocab_size {params.drafter.draft_vocab_size} is larger than the target's "
+                           f"vocabulary of {vocab} ids ({hidden_dir}/manifest.json model.vocab_size); a draft "
+                           "vocabulary is a subset of the target's: lower it")
         sha = file_sha256(tokens_path)
         if manifest.get("tokens_sha256") != sha:
             raise RunError(f"{hidden_dir}: features were made from tokens sha256 {manifest.get('tokens_sha256')}, "
