@@ -420,9 +420,13 @@ def test_every_attempt_is_covered_by_reservations_journaled_before_it_is_sent(tm
     assert read_journal(journal).unsettled == {}
 
 
-def test_a_free_backend_writes_no_reservation_lines(tmp_path):
-    with running(Script(cost_usd=0.0)) as server:
-        run(prompts(3), gen(budget_usd=0.0), Target(server.base_url), tmp_path / "j.jsonl", progress=False)
+def test_a_free_backend_writes_no_reservation_lines_even_when_a_server_reports_costs(tmp_path):
+    # A zero price means a zero worst case: a retry after a (reportedly) paid error reserves nothing.
+    script = Script(cost_usd=0.0001, per_key={"p0001": ("http_502_paid",)}, retry_after_s=0.01)
+    with running(script) as server:
+        result = run(prompts(3), gen(budget_usd=0.0), Target(server.base_url), tmp_path / "j.jsonl",
+                     progress=False)
+    assert result.ok == 3 and result.retries == {"http_502": 1}
     assert read_journal(tmp_path / "j.jsonl").reservations == 0
 
 

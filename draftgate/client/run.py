@@ -487,8 +487,9 @@ class _Runner:
                 return self._failed(base, "stopped", f"stopped_{self.r.stop_reason}", verdict, failures,
                                     attempt - 1, t_start, spend)
             # What this attempt adds to the prompt's reservations: its worst case, less what the
-            # earlier attempts left of theirs (a free 429 leaves all of it, a lost answer none).
-            extra = worst if attempt == 1 else max(0.0, spend.cost + worst - spend.held)
+            # earlier attempts left of theirs (a free 429 leaves all of it, a lost answer none;
+            # attempts billed above their worst case never make a retry reserve more than its own).
+            extra = worst if attempt == 1 else min(worst, max(0.0, spend.cost + worst - spend.held))
             if attempt > 1 and extra > 1e-12:
                 if not await self._admit(extra, retry=True):
                     if self.r.stop_reason not in (None, "budget"):
