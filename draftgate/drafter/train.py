@@ -97,9 +97,10 @@ def torch_threads(n: int | None) -> Iterator[None]:
     demo's 92 steps ended at loss 19.903 with 2 threads and 19.921 with 1 (eval acceptance 1.218 vs
     1.209), while runs at equal threads, resumed or not, are bit-identical. torch's default is the
     core count, so a machine with other cores would quietly train another drafter: the count is a
-    param (fixed, not "auto"), recorded with the others in metrics/train.json and draftgate.json,
-    and a change reruns the stage under DVC. The default 2 is what the committed run used (this
-    2-core machine's default). None leaves torch's setting alone (tests that set their own)."""
+    param (fixed, not "auto"), recorded with the others in metrics/train.details.json and each
+    export's draftgate.json, and a change reruns the stage under DVC. The default 2 is what the
+    committed run used (this 2-core machine's default). None leaves torch's setting alone (a
+    caller that sets its own, as bench/train.py does)."""
     import torch
 
     if n is None:
@@ -346,9 +347,10 @@ def train(model: Any, rows: list[Row], teacher: Teacher, vmap: VocabMap, cfg: Dr
           device: str, data_sha256: str, checkpoint_dir: Path | None = None, resume: bool = True,
           stop_after: int | None = None, log: Callable[[str], None] = print) -> Result:
     """Train `model` in place on `cfg.threads` torch threads; returns the curve. `cfg` is the
-    params' drafter section (the one source of its defaults: tests override fields with
-    dataclasses.replace). `stop_after`: leave after that many optimizer steps (a checkpoint
-    written), as a crash would; the next call resumes from it."""
+    params' drafter section, the one source of its defaults (override fields with a params file,
+    as tests/drafter_fixtures.py does, or dataclasses.replace, as bench/train.py does).
+    `stop_after`: leave after that many optimizer steps (a checkpoint written), as a crash would;
+    the next call resumes from it."""
     with torch_threads(cfg.threads):
         return _train(model, rows, teacher, vmap, cfg, device=device, data_sha256=data_sha256,
                       checkpoint_dir=checkpoint_dir, resume=resume, stop_after=stop_after, log=log)
