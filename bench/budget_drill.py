@@ -16,8 +16,8 @@ at $10/Mtok, prompts priced at 0); an answer (or a billed error) costs $0.0004 (
    requests in flight at the kill (taken by the server, no answer journaled), the reservations
    left unsettled, the total at the kill and after the rerun, and the server's bill.
 
-`--code DIR` imports draftgate from another checkout (e.g. a worktree of an older commit) for
-part 1, to compare; part 2 needs this checkout's stage. Writes bench/results/budget_drill.json.
+`--code DIR` imports draftgate and stages from another checkout (e.g. `git archive` of an older
+commit), to compare. Writes bench/results/budget_drill.json (this checkout's code only).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def rising_reruns(n: int, concurrency: int) -> list[dict]:
     return out
 
 
-def kill_drill(n: int, concurrency: int, kill_after: int, budget: float) -> dict:
+def kill_drill(n: int, concurrency: int, kill_after: int, budget: float, code: Path) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
     import yaml
@@ -101,8 +101,8 @@ def kill_drill(n: int, concurrency: int, kill_after: int, budget: float) -> dict
         argv = ["--params", str(tmp / "params.yaml"), "--prompts", str(tmp / "prompts.parquet"),
                 "--gate", str(tmp / "gate.json"), "--out", str(tmp / "responses"), "--metrics", str(tmp / "m.json")]
         journal = tmp / "responses" / "journal.jsonl"
-        proc = subprocess.Popen([sys.executable, "-m", "stages.generate", *argv], cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)},
+        proc = subprocess.Popen([sys.executable, "-m", "stages.generate", *argv], cwd=code,
+                                env={**os.environ, "PYTHONPATH": str(code)},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -118,7 +118,7 @@ def kill_drill(n: int, concurrency: int, kill_after: int, budget: float) -> dict
         code = generate.main(argv)
         final = read_journal(journal)
         return {"budget_usd": budget, "concurrency": concurrency, "answers_at_kill": len(finished),
-                "requests_in_flight_at_kill": in_flight, "unsettled_reservations": len(killed.unsettled),
+                "requests_in_flight_at_kill": in_flight, "unsettled_reservations": len(getattr(killed, "unsettled", ())),
                 "journal_total_at_kill_usd": round(at_kill, 6), "server_billed_at_kill_usd": round(billed_at_kill, 6),
                 "rerun_exit": code, "rerun_ok_total": sum(r["status"] == "ok" for r in final.records),
                 "journal_total_final_usd": round(journal_total(journal), 6),
@@ -135,14 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-budget", type=float, default=0.05)
     p.add_argument("--skip-kill", action="store_true")
     a = p.parse_args(argv)
-    sys.path.insert(0, str(Path(a.code).resolve() if a.code else REPO))
+    code = Path(a.code).resolve() if a.code else REPO
+    sys.path.insert(0, str(code))
     result = {"code": a.code or str(REPO), "rising_reruns": rising_reruns(a.prompts, a.concurrency)}
     for r in result["rising_reruns"]:
         print(f"budget ${r['budget_usd']:.3f}: journal total ${r['journal_total_usd']:.6f} "
               f"(server billed at most ${r['server_billed_at_most_usd']:.6f}), within: {r['within_budget']}, "
               f"{r['http_requests']} requests so far, stop {r['stop_reason']}")
-    if not a.skip_kill and not a.code:
-        k = result["kill"] = kill_drill(a.prompts, a.concurrency, a.kill_after, a.kill_budget)
+    if not a.skip_kill:
+        k = result["kill"] = kill_drill(a.prompts, a.concurrency, a.kill_after, a.kill_budget, code)
         print(f"kill -9 after {k['answers_at_kill']} answers: {k['requests_in_flight_at_kill']} requests in flight, "
               f"{k['unsettled_reservations']} reservations unsettled; total ${k['journal_total_at_kill_usd']:.6f} "
               f"(server billed ${k['server_billed_at_kill_usd']:.6f}); after the rerun "
