@@ -1,7 +1,7 @@
 """Held-out prompts -> speculative outputs per proposer -> outputs table and figures.
 
-The eval stage (stages/eval.py) is wiring around these functions; the eval gate
-(draftgate/gates/eval.py) reads the same held-out prompts with `heldout_rows` and recomputes plain
+The eval stage's work (measure.py) is built from these functions; the eval gate
+(draftgate/checks/eval.py) reads the same held-out prompts with `heldout_rows` and recomputes plain
 greedy decoding itself.
 """
 
