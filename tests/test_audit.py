@@ -15,6 +15,8 @@ import pytest
 
 from dvc_repo import Repo, history_copy, restore
 from draftgate.lineage import audit
+from draftgate.lineage.collect import collect_all
+from draftgate.lineage.db import TABLES
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "lineage.md"
 
@@ -66,7 +68,7 @@ def test_diff_of_an_experiment_and_its_baseline_is_the_seed_and_the_drafter_only
 def test_the_experiments_are_the_ones_dvc_exp_show_lists(repo):
     shown = json.loads(repo.run("dvc", "exp", "show", "--json").stdout)
     dvc_exps = {r["name"]: r["rev"] for base in shown for e in base.get("experiments") or [] for r in e["revs"]}
-    revs = audit.collect_all(repo.root)
+    revs = collect_all(repo.root)
     assert {r.run: r.snap.rev for r in revs if r.snap.kind == "experiment"} == dvc_exps == {"seed3": dvc_exps["seed3"]}
 
 
@@ -83,7 +85,7 @@ def test_every_revision_is_a_row_and_the_duckdb_file_opens_directly(repo):
     assert summary[1][1:] == (0.25, 1.0, 2.25, True, 0, 0.008)
     assert summary[2][3] == 2.28      # seed3: 2.5 + 3/100 - 0.25
     tables = {t for (t,) in con.sql("SHOW TABLES").fetchall()}
-    assert tables == {"summary", *audit.TABLES}
+    assert tables == {"summary", *TABLES}
 
 
 def test_the_table_and_markdown_outputs_shorten_hashes_and_show_verdicts(repo, capsys):

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from dvc_repo import Repo, history_copy
-from draftgate.lineage import audit
+from draftgate.lineage.collect import collect_all
 from draftgate.lineage.pipeline import flatten
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_exp_run_S_reruns_only_the_stages_that_read_the_param(repo):
     before = yaml.safe_load((repo.root / "dvc.lock").read_text())["stages"]
     out = repo.run("dvc", "exp", "run", "-S", "generate.n=4", "-n", "fewer").stdout
     assert "Running stage 'generate'" in out and "Running stage 'contract'" not in out
-    revs = {r.run: r for r in audit.collect_all(repo.root)}
+    revs = {r.run: r for r in collect_all(repo.root)}
     fewer = revs["fewer"]
     assert fewer.params["generate"]["generate.n"] == 4
     outs = {a["path"]: a["md5"] for a in fewer.artifacts if a["stage"] == "contract" and a["role"] == "out"}
@@ -113,6 +113,6 @@ def test_queued_experiments_run_in_parallel_workers_and_join_the_audit(repo):
             break
         time.sleep(2)
     assert status.count("Success") == 2, status
-    exps = [r for r in audit.collect_all(repo.root) if r.snap.kind == "experiment"]
+    exps = [r for r in collect_all(repo.root) if r.snap.kind == "experiment"]
     seeds = sorted(r.params["train"]["train.seed"] for r in exps)
     assert {5, 6} <= set(seeds)

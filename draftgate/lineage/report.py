@@ -21,7 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from draftgate.lineage import audit, lineage
+from draftgate.lineage import lineage
+from draftgate.lineage.collect import collect, collect_all
+from draftgate.lineage.db import summary, write_db
+from draftgate.lineage.render import COMPACT, cell, render
 from draftgate.lineage.pipeline import Pipeline
 from draftgate.lineage.snapshot import WORKSPACE, RevisionError, open_revision, repo_root
 
@@ -157,7 +160,7 @@ def _table(rows: list[dict], cols: list[str]) -> str:
         tds = []
         for c in cols:
             v = r.get(c)
-            text = html.escape(audit.cell(v, full=False))
+            text = html.escape(cell(v, full=False))
             cls = ' class="pass"' if v is True else ' class="fail"' if v is False else ""
             tds.append(f"<td{cls}>{text}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
@@ -179,10 +182,10 @@ def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | 
     parts.append(f'<p><a href="{_rel(docs, page_dir)}">Data Docs</a>: every check of every gate, with its '
                  "observed values.</p>" if docs.is_file() else
                  "<p class=muted>No Data Docs yet: the gate stages write them (`dvc repro`).</p>")
-    rev = audit.collect(snap)
+    rev = collect(snap)
     gate_rows = []
     for g in (rev.gates.values() if rev else []):
-        figures = ", ".join(f"{k} {audit.cell(v, False)}" for k, v in list(g["figures"].items())[:6])
+        figures = ", ".join(f"{k} {cell(v, False)}" for k, v in list(g["figures"].items())[:6])
         gate_rows.append({"gate": g["gate"], "verdict": g["success"] if g["ran"] else None,
                           "checks": g["checks"], "failed": g["failed"], "rows": g["rows"],
                           "suite": g["suite"], "suite md5": g["suite_md5"], "figures": figures,
@@ -206,18 +209,18 @@ def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | 
                      f'<br><a href="{_rel(path, page_dir)}">{html.escape(plot["path"])}</a></div>')
 
     parts.append("<h2>Audit</h2>")
-    revs = audit.collect_all(root, with_experiments)
-    rows = audit.summary(revs)
+    revs = collect_all(root, with_experiments)
+    rows = summary(revs)
     if db is not None:
-        audit.write_db(revs, db)
+        write_db(revs, db)
         csv_path = db.with_suffix(".csv")
         from draftgate.io import write_text
 
-        write_text(csv_path, audit.render(rows, "csv"))
+        write_text(csv_path, render(rows, "csv"))
         parts.append(f'<p>Every column: <a href="{_rel(csv_path, page_dir)}">{html.escape(csv_path.name)}</a>; '
                      f'the tables: <a href="{_rel(db, page_dir)}">{html.escape(db.name)}</a> '
                      "(open with DuckDB; queries in docs/lineage.md).</p>")
-    cols = [c for c in audit.COMPACT if rows and c in rows[0]]
+    cols = [c for c in COMPACT if rows and c in rows[0]]
     gate_cols = [c for c in (rows[0] if rows else {}) if c.startswith("gate_") and not c.endswith("_suite")]
     parts.append(_table(rows, cols + gate_cols) if rows else "<p class=muted>No revision has a dvc.lock yet.</p>")
 
