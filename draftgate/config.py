@@ -262,6 +262,12 @@ class HiddenGateParams:
     # At most 64: 64 x bfloat16's epsilon is 0.5, a tolerance past which a re-extraction proves nothing.
     tolerance_eps: Annotated[float, Range(gt=0.0, le=64.0)] = 1.0
     min_tolerance: Annotated[float, Range(gt=0.0, lt=1.0)] = 1e-3
+    # Every row's aux slots (docs/hidden-gate.md, "Every row's aux features"): the lowest against the
+    # target's first layers, the final state against its last layers run from the highest slot
+    # (stored bfloat16 going through 3 layers: measured 0.0071 at worst, another row's >= 0.5), and
+    # the middle slot's cosine margin to the lowest (own rows >= 0.24, another row's <= 0.03).
+    chain_tolerance_eps: Annotated[float, Range(gt=0.0, le=64.0)] = 4.0
+    min_mid_margin: Annotated[float, Range(ge=0.0, le=1.0)] = 0.1
     # Shard bytes per token over (3 + 1) x H x itemsize + 9 (ids int64, mask uint8).
     max_bytes_overhead: Fraction = 0.02
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -272,6 +278,13 @@ class DrafterGateParams:
     # The loss curve's first `loss_window` steps average at least min_loss_drop x its last ones.
     min_loss_drop: Annotated[float, Range(ge=1.0, le=1000.0)] = 1.25
     loss_window: Annotated[int, Range(ge=1, le=100_000)] = 10
+    # The exported weights, run by the gate on `check_rows` stored training rows (seeded), must
+    # reach the step-0 loss the curve ends at: their loss over the curve's last-window step-0 loss
+    # at most max_step0_loss_ratio (docs/drafter.md, "Gate": untrained or permuted weights land far above).
+    check_rows: Annotated[int, Range(ge=1, le=100_000)] = 16
+    check_seed: Seed = 0
+    max_step0_loss_ratio: Annotated[float, Range(ge=1.0, le=100.0)] = 1.25
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 @dataclass(frozen=True)

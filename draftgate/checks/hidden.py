@@ -7,8 +7,10 @@ by params.yaml `hidden:`, and returns three tables for expectations/hidden.json'
     hidden_rows    one per row found INSIDE the shards (their own prompt_ids metadata and
                    row_offsets, not the index): whether its ids and loss mask equal the tokens
                    table's, finiteness, how many completion tokens the stored final state
-                   explains, log-probabilities, and for a seeded sample of rows the error
-                   against the gate's own forward pass
+                   explains, log-probabilities, the whole-table aux checks (every row: the
+                   target's first layers against the lowest aux slot, its last layers from the
+                   highest slot against the final state, the middle slot's tie to the lowest),
+                   and for a seeded sample of rows the error against the gate's own forward pass
     hidden_shards  one per shard on disk or in the manifest: actual sha256, bytes, shapes, dtype
     hidden_facts   one row: the target's config and the layers/dtype params expect, beside what
                    the manifest claims; the tokens file's actual sha256
@@ -83,15 +85,17 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
         raise GateError(f"{hidden_dir}: no hidden-state directory; run the hidden stage (dvc repro hidden)")
     manifest = read_manifest(hidden_dir)
     chosen = choose_resample(hidden_dir, gp.resample_rows, gp.resample_seed)
-    rows, shards, stored = scan_shards(hidden_dir, manifest, target, kept, greedy, gp.top_k, chosen)
+    timer = {"aux_chain_s": 0.0}
+    rows, shards, stored = scan_shards(hidden_dir, manifest, target, kept, greedy, gp.top_k, chosen, layers, timer)
     errors = resample(stored, target, layers)
     for r in rows:
         r.update(errors.get((r["shard"], r["row"]), {"resampled": False}))
         dtype = r.pop("dtype", None)
         r["tolerance"] = tolerance(dtype, gp.tolerance_eps, gp.min_tolerance)
+        r["chain_tolerance"] = tolerance(dtype, gp.chain_tolerance_eps, gp.min_tolerance)
     facts = model_facts(manifest, target, layers, params.hidden.dtype, tokens_path)
     return Computed(tables=as_tables(rows, shards, facts),
-                    report=report(rows, greedy, target, layers, gp))
+                    report=report(rows, greedy, target, layers, gp, timer))
 
 
 # ------------------------------------------------------------ inputs
@@ -196,7 +200,8 @@ def choose_resample(hidden_dir: Path, n: int, seed: int) -> set[tuple[str, int]]
 
 
 def scan_shards(hidden_dir: Path, manifest: dict, target: Any, kept: dict[str, KeptRow], greedy: bool,
-                top_k: int, chosen: set[tuple[str, int]]) -> tuple[list[dict], list[dict], dict]:
+                top_k: int, chosen: set[tuple[str, int]], layers: list[int],
+                timer: dict | None = None) -> tuple[list[dict], list[dict], dict]:
     """Every shard on disk, row by row, plus manifest shards that are missing on disk.
 
     Returns (rows, shards, stored): `stored` maps the `chosen` (shard, row) keys to copies of
@@ -219,7 +224,7 @@ def scan_shards(hidden_dir: Path, manifest: dict, target: Any, kept: dict[str, K
             fact["sha256"] = file_sha256(path)
             fact["bytes"] = path.stat().st_size
             try:
-                shard_rows, shard_stored = read_shard(path, fact, target, kept, greedy, top_k, chosen)
+                shard_rows, shard_stored = read_shard(path, fact, target, kept, greedy, top_k, chosen, layers, timer)
             except ShardError as e:
                 fact["problem"] = str(e)
             else:
@@ -235,7 +240,10 @@ class ShardError(ValueError):
 
 
 def read_shard(path: Path, fact: dict, target: Any, kept: dict[str, KeptRow], greedy: bool,
-               top_k: int, chosen: set[tuple[str, int]]) -> tuple[list[dict], dict]:
+               top_k: int, chosen: set[tuple[str, int]], layers: list[int] | None = None,
+               timer: dict | None = None) -> tuple[list[dict], dict]:
+    import time
+
     import numpy as np
     import torch
     from safetensors import safe_open
@@ -292,6 +300,11 @@ def read_shard(path: Path, fact: dict, target: Any, kept: dict[str, KeptRow], gr
         ref_mask = ref.loss_mask if ref is not None else mask_np[a:b]
         row.update(explain(final[a:b], ref_ids, ref_mask, target, greedy, top_k) if row["finite"] else
                    {"scored": None, "explained": None, "logprob_sum": None})
+        if row["finite"] and layers is not None and aux.shape[1] == len(layers):
+            started = time.perf_counter()
+            row.update(aux_chain(aux[a:b], final[a:b], ref_ids, ref_mask, target, layers))
+            if timer is not None:
+                timer["aux_chain_s"] += time.perf_counter() - started
         rows.append(row)
         if (path.name, i) in chosen:
             stored[(path.name, i)] = (ids[a:b].clone(), aux[a:b].clone(), final[a:b].clone())
@@ -338,6 +351,94 @@ def explain(final: Any, ids: Any, mask: Any, target: Any, greedy: bool, top_k: i
             explained += int((hit & valid).sum())
             logprob += float((chosen[:, 0] - torch.logsumexp(logits, 1))[valid].sum())
     return {"scored": int(index.numel()), "explained": explained, "logprob_sum": logprob}
+
+
+# ------------------------------------------------------------ whole-table aux checks
+
+MIN_MARGIN_POSITIONS = 16    # completion positions a row needs for its middle-slot margin to be judged
+
+
+class _Enough(Exception):
+    """Raised by a forward hook once the layer the gate needs has run: the rest is not computed."""
+
+
+def aux_chain(aux: Any, final: Any, ids: Any, mask: Any, target: Any, layers: list[int]) -> dict:
+    """Tie every row's three aux slots to its ids and to its (separately verified) final state,
+    for a fraction of a forward pass (docs/hidden-gate.md, "Every row's aux features"):
+
+    - low_error: the target's own forward over the tokens table's ids, stopped after the lowest
+      aux layer (2 of SmolLM2's 30), against the stored lowest slot;
+    - top_error: the target's layers after the highest aux layer (3 of 30) run from the stored
+      highest slot, against the stored final state (which the explain check and the resample tie
+      to the tokens);
+    - mid_margin: the middle slot's mean cosine to the lowest slot at the same completion
+      position, minus its mean cosine to the lowest slot half the completion away. A residual
+      stream keeps a token's direction from layer to layer; another row's features do not.
+      None under MIN_MARGIN_POSITIONS completion positions (too few to judge).
+    Relative L2 errors as `rel_err`; a length that differs from the ids gives None (the ids check
+    fails the row already).
+    """
+    import torch
+    from torch.nn import functional as F
+
+    ids = torch.as_tensor(ids, dtype=torch.int64)
+    param = next(target.base.parameters())
+    order = sorted(range(len(layers)), key=lambda j: layers[j])     # slots by depth (hidden.layers may be unsorted)
+    lo, mid, hi = order[0], order[1], order[-1]
+    out: dict[str, Any] = {"low_error": None, "top_error": None, "mid_margin": None}
+    if int(ids.numel()) == int(aux.shape[0]):
+        low = first_layers(target, ids.to(param.device), layers[lo])
+        out["low_error"] = rel_err(aux[:, lo], low)
+    top = last_layers(target, aux[:, hi].to(device=param.device, dtype=param.dtype), layers[hi] + 1)
+    out["top_error"] = rel_err(final, top)
+    m = torch.as_tensor(mask)[: aux.shape[0]] != 0
+    if int(m.sum()) >= MIN_MARGIN_POSITIONS:
+        low_slot, mid_slot = aux[m, lo].float(), aux[m, mid].float()
+        same = F.cosine_similarity(mid_slot, low_slot, dim=-1).mean()
+        away = F.cosine_similarity(mid_slot, low_slot.roll(low_slot.shape[0] // 2, 0), dim=-1).mean()
+        out["mid_margin"] = float(same - away)
+    return out
+
+
+def first_layers(target: Any, ids: Any, layer: int) -> Any:
+    """The output of decoder layer `layer` for one row: the model's own forward (embedding, mask,
+    rotary positions as the model makes them), stopped by a hook once that layer has run."""
+    import torch
+
+    seen: dict[str, Any] = {}
+
+    def stop(_module: Any, _args: Any, output: Any) -> None:
+        seen["h"] = output[0] if isinstance(output, tuple) else output
+        raise _Enough
+
+    handle = target.layers[layer].register_forward_hook(stop)
+    try:
+        with torch.inference_mode():
+            target.base(input_ids=ids[None], use_cache=False)
+    except _Enough:
+        pass
+    finally:
+        handle.remove()
+    return seen["h"][0]
+
+
+def last_layers(target: Any, hidden: Any, start: int) -> Any:
+    """Decoder layers start..N-1 run on one row's stored state [T, H] (causal, positions 0..T-1),
+    the input of the final norm: what the target computes from that state onwards. The layers are
+    called as the model's own forward calls them (hidden, 4-d additive causal mask, position ids,
+    rotary embeddings), which every Llama-family decoder layer of transformers 5 takes."""
+    import torch
+
+    x = hidden[None]
+    t = int(x.shape[1])
+    pos = torch.arange(t, device=x.device)[None]
+    causal = torch.full((t, t), float("-inf"), device=x.device, dtype=x.dtype).triu(1)[None, None]
+    with torch.inference_mode():
+        emb = target.base.rotary_emb(x, position_ids=pos)
+        for block in target.layers[start:]:
+            x = block(x, attention_mask=causal, position_ids=pos, position_embeddings=emb, use_cache=False)
+            x = x[0] if isinstance(x, tuple) else x
+    return x[0]
 
 
 # ------------------------------------------------------------ independent re-extraction
@@ -429,6 +530,8 @@ def as_tables(rows: list[dict], shards: list[dict], facts: dict) -> dict:
         ("finite", pa.bool_()), ("greedy", pa.bool_()), ("scored", pa.int64()), ("explained", pa.int64()),
         ("logprob_sum", pa.float64()), ("resampled", pa.bool_()), ("aux_error", pa.float64()),
         ("final_error", pa.float64()), ("tolerance", pa.float64()),
+        ("low_error", pa.float64()), ("top_error", pa.float64()), ("chain_tolerance", pa.float64()),
+        ("mid_margin", pa.float64()),
     ])
     shard_schema = pa.schema([
         ("name", pa.string()), ("on_disk", pa.bool_()), ("in_manifest", pa.bool_()), ("sha256", pa.string()),
@@ -444,7 +547,7 @@ def as_tables(rows: list[dict], shards: list[dict], facts: dict) -> dict:
             "hidden_facts": pa.Table.from_pylist([facts])}
 
 
-def report(rows: list[dict], greedy: bool, target: Any, layers: list[int], gp: Any) -> dict:
+def report(rows: list[dict], greedy: bool, target: Any, layers: list[int], gp: Any, timer: dict | None = None) -> dict:
     """The figures a reviewer reads in the result file: mean log-probability of the completion
     tokens per dataset (under the target, from the stored states), explained shares, the resample."""
     per: dict[str, list[float]] = {}
@@ -468,4 +571,13 @@ def report(rows: list[dict], greedy: bool, target: Any, layers: list[int], gp: A
         "layers": layers, "target": {"kind": target.kind, "weights": target.weights_fingerprint,
                                      "hidden_size": target.hidden_size, "num_layers": target.num_layers},
         "resampled": resampled,
+        "aux_chain": {**_spread(rows, "low_error"), **_spread(rows, "top_error"), **_spread(rows, "mid_margin"),
+                      "seconds": round((timer or {}).get("aux_chain_s", 0.0), 3)},
     }
+
+
+def _spread(rows: list[dict], key: str) -> dict:
+    vals = sorted(r[key] for r in rows if r.get(key) is not None)
+    if not vals:
+        return {key: None}
+    return {key: {"min": round(vals[0], 6), "median": round(vals[len(vals) // 2], 6), "max": round(vals[-1], 6)}}
