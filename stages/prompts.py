@@ -1,8 +1,10 @@
 """DVC stage `prompts`: raw prompt files -> prompts.parquet + rejects.parquet + metrics.
 
-python -m stages.prompts --params params.yaml --raw data/raw --out data/prompts --metrics metrics/prompts.json
+python -m stages.prompts --params params.yaml --raw data/raw --out data/prompts --metrics metrics/prompts.json \
+    --gate data/gates/contract.json --gate data/gates/template.json
 
-Exit 0 even with rejects (the prompts gate decides); exit 2 when the input cannot be used at all.
+Exit 0 even with rejects (the prompts gate decides); exit 2 when the input cannot be used at all,
+or a contract gate did not pass.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--raw", required=True, help="directory of *.jsonl / *.parquet prompt files")
     p.add_argument("--out", required=True, help="output directory for prompts.parquet and rejects.parquet")
     p.add_argument("--metrics", required=True, help="metrics JSON to write")
+    p.add_argument("--gate", action="append", default=[], type=Path, metavar="METRIC",
+                   help="an upstream gate's metric (data/gates/contract.json, data/gates/template.json); "
+                        "refuses to run unless each records success (repeatable)")
     return p.parse_args(argv)
 
 
@@ -25,10 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate import prompts
     from draftgate.config import ParamsError, load_params
+    from draftgate.gates.result import GateNotPassed, require_passed
     from draftgate.prompts_stream import ingest_to_files
 
     try:
         all_params = load_params(args.params)
+        for gate in args.gate:   # the tokenizer and template contracts: nothing is rendered before them
+            require_passed(gate, f"gate_{gate.stem}", "fix the contract (tokenizer, template params) first")
         params = all_params.prompts
         files = _selected(prompts.raw_files(args.raw), params.datasets, args.raw)
         records = (r for path in files for r in _read(prompts, path))
@@ -36,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         # over part files; memory does not grow with the rows.
         problem, limit = _render_problem(all_params)
         tally = ingest_to_files(records, params, Path(args.out), problem)
-    except (ParamsError, OSError, ValueError) as e:
+    except (ParamsError, GateNotPassed, OSError, ValueError) as e:
         print(f"stages.prompts: {e}", file=sys.stderr)
         return 2
     metrics = prompts.stage_metrics(tally, params, limit)

@@ -52,6 +52,19 @@ def test_the_stage_writes_prompts_rejects_and_metrics_with_exact_schemas(workdir
     assert not list((workdir / "out").glob(".*.tmp"))
 
 
+def test_the_stage_refuses_to_run_unless_each_contract_gate_passed(workdir, capsys):
+    write_lines(workdir / "raw" / "chat.jsonl", [{"messages": [USER]}])
+    passed, failed = workdir / "contract.json", workdir / "template.json"
+    passed.write_text(json.dumps({"success": True, "checks": 5, "failed": 0}))
+    failed.write_text(json.dumps({"success": False, "checks": 5, "failed": 1}))
+    args = ["--params", str(workdir / "params.yaml"), "--raw", str(workdir / "raw"), "--out", str(workdir / "out"),
+            "--metrics", str(workdir / "metrics" / "prompts.json"), "--gate", str(passed)]
+    assert main(args + ["--gate", str(failed)]) == 2
+    assert "gate_template did not pass (success: False, 1 of 5 checks failed)" in capsys.readouterr().err
+    assert not (workdir / "out").exists()
+    assert main(args) == 0
+
+
 def test_the_stage_exits_zero_when_every_record_is_rejected(workdir):
     write_lines(workdir / "raw" / "bad.jsonl", [b"[]", {"messages": []}])
     assert run(workdir) == 0
