@@ -92,10 +92,11 @@ def test_features_shifted_by_one_position_do_not_explain_the_tokens(world):
     assert {"greedy_explained_share", "reextraction_differs"} <= failed(gate(world, variant(world, "shifted", rows)))
 
 
-def test_features_from_a_wrong_layer_list_fail_the_reextraction(world):
+def test_features_from_a_wrong_layer_list_fail_the_reextraction_and_every_rows_first_layers(world):
     rows = capture_features(world["kept"], layers=[2, 14, 26])
-    # The manifest claims the configured layers: only the re-extraction can tell.
-    assert failed(gate(world, variant(world, "wrong_layers", rows))) == {"reextraction_differs"}
+    # The manifest claims the configured layers: only the forward passes can tell (the sample's
+    # re-extraction, and every row's first layers against its lowest slot).
+    assert failed(gate(world, variant(world, "wrong_layers", rows))) == {"reextraction_differs", "aux_not_this_row"}
 
 
 def test_a_manifest_that_names_another_layer_list_fails(world):
