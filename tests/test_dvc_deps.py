@@ -68,15 +68,15 @@ def test_every_dep_a_stage_lists_exists(name):
 def test_the_walk_sees_imports_inside_functions_packages_and_relative_ones(tmp_path):
     generate = closure([REPO / "stages" / "generate.py"])
     rel = {p.relative_to(REPO).as_posix() for p in generate}
-    # Imported inside main() and target(); tokenizers.py through serve/model.py; __init__ chains.
-    assert {"draftgate/tokenizers.py", "draftgate/serve/model.py", "draftgate/cache.py",
+    # Imported inside main() and target(); the tokenizers package through serve/model.py; __init__ chains.
+    assert {"draftgate/tokenizers/__init__.py", "draftgate/tokenizers/smollm2.py", "draftgate/serve/model.py", "draftgate/cache.py",
             "draftgate/__init__.py", "draftgate/client/__init__.py", "draftgate/config.py"} <= rel
 
 
 def test_a_missing_module_is_reported_by_name():
     stage = {"cmd": "python -m stages.generate", "deps": ["stages/generate.py", "draftgate/client"]}
     missing = missing_deps(stage)
-    assert "draftgate/tokenizers.py" in missing and "draftgate/schema.py" in missing
+    assert "draftgate/tokenizers" in missing and "draftgate/schema.py" in missing
     assert not any(m.startswith("draftgate/client/") for m in missing)     # a directory covers its modules
 
 
