@@ -76,7 +76,7 @@ def test_the_walk_sees_imports_inside_functions_packages_and_relative_ones(tmp_p
 def test_a_missing_module_is_reported_by_name():
     stage = {"cmd": "python -m stages.generate", "deps": ["stages/generate.py", "draftgate/client"]}
     missing = missing_deps(stage)
-    assert "draftgate/tokenizers" in missing and "draftgate/schema.py" in missing
+    assert "draftgate/schema.py" in missing and any(m.startswith("draftgate/tokenizers") for m in missing)
     assert not any(m.startswith("draftgate/client/") for m in missing)     # a directory covers its modules
 
 
