@@ -120,3 +120,18 @@ def test_the_layer_checks_see_an_import_made_inside_a_function():
     # stages/gate_hidden.py imports its check inside main(): the walk the layer tests use sees it.
     assert "draftgate.checks.hidden" in imported_modules(REPO / "stages" / "gate_hidden.py")
     assert _under("draftgate.checks.hidden", "draftgate.checks") and not _under("draftgate.checksum", "draftgate.checks")
+
+
+def test_each_gate_runs_through_the_stage_that_hands_it_its_suites_check():
+    import json
+    import re
+
+    for name, stage in stages().items():
+        if not name.startswith("gate_"):
+            continue
+        m = re.match(r"python -m stages\.(gate\w*) (\S+)", stage["cmd"])
+        assert m, f"{name}: a gate runs as `python -m stages.gate[_<check>] SUITE ...`, not {stage['cmd']!r}"
+        compute = json.loads((REPO / m.group(2)).read_text()).get("compute")
+        assert m.group(1) == (f"gate_{compute}" if compute else "gate"), (
+            f"{name}: suite {m.group(2)} computes {compute!r}: run it through stages/gate_{compute}.py" if compute
+            else f"{name}: suite {m.group(2)} is SQL-only: run it through stages/gate.py")
