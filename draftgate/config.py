@@ -281,7 +281,7 @@ class DrafterGateParams:
     # The exported weights, run by the gate on `check_rows` stored training rows (seeded), must
     # reach the step-0 loss the curve ends at: their loss over the curve's last-window step-0 loss
     # at most max_step0_loss_ratio (docs/drafter.md, "Gate": untrained or permuted weights land far above).
-    check_rows: Annotated[int, Range(ge=1, le=100_000)] = 16
+    check_rows: Annotated[int, Range(ge=1, le=100_000)] = 32
     check_seed: Seed = 0
     max_step0_loss_ratio: Annotated[float, Range(ge=1.0, le=100.0)] = 1.25
     device: Literal["auto", "cpu", "cuda"] = "auto"
