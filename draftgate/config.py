@@ -109,9 +109,9 @@ class PromptsParams:
     max_prompts: Positive | None = None     # null = no cap (a cap above the rows is no cap)
     # The target's context in tokens. A prompt (rendered by the target's template) longer than
     # context_tokens - generate.max_tokens is rejected as too_long: its answer could not fit, and
-    # a server would refuse it after it was paid for or queued. null: the tokenizer's declared
-    # context (model_max_length, from an hf_dir's tokenizer_config.json), or no length check when
-    # it declares none (the metrics say so).
+    # a server would refuse it after it was paid for or queued. null: an hf_dir's config.json
+    # max_position_embeddings (what vLLM and SGLang serve), else the tokenizer's declared
+    # model_max_length, else no length check (the metrics say so).
     context_tokens: Tokens | None = None
 
 

@@ -452,21 +452,41 @@ class LengthLimit:
     source: str                     # where the context came from, for the metrics and the errors
 
 
-def length_limit(context_tokens: int | None, declared: Any, max_tokens: int) -> LengthLimit:
-    """From prompts.context_tokens, else the tokenizer's declared `model_max_length` (transformers
-    puts 1e30 there when the tokenizer declares none: anything past MAX_CONTEXT counts as none)."""
+def length_limit(context_tokens: int | None, declared: Any, max_tokens: int, model_dir: str | None = None
+                 ) -> LengthLimit:
+    """From prompts.context_tokens; else the model directory's config.json (max_position_embeddings,
+    what vLLM and SGLang take as the longest sequence; text_config's for a multimodal model); else
+    the tokenizer's declared `model_max_length` (transformers puts 1e30 there when the tokenizer
+    declares none: anything past MAX_CONTEXT counts as none)."""
     from draftgate.config import MAX_CONTEXT
 
+    def real(n: Any) -> bool:
+        return isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_CONTEXT
+
+    configured = _config_context(model_dir) if model_dir else None
     if context_tokens is not None:
         context, source = context_tokens, "prompts.context_tokens"
-    elif isinstance(declared, int) and 0 < declared <= MAX_CONTEXT:
+    elif real(configured):
+        context, source = configured, f"max_position_embeddings of {model_dir}/config.json"
+    elif real(declared):
         context, source = declared, "the tokenizer's model_max_length"
     else:
-        return LengthLimit(None, None, "none: the tokenizer declares no context; set prompts.context_tokens")
+        return LengthLimit(None, None, "none: the target declares no context; set prompts.context_tokens")
     if max_tokens >= context:
         raise ValueError(f"generate.max_tokens {max_tokens} leaves no room for a prompt in the target's context "
                          f"of {context} tokens ({source}); lower generate.max_tokens")
     return LengthLimit(context - max_tokens, context, source)
+
+
+def _config_context(model_dir: str) -> Any:
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None    # a tokenizer-only directory: its tokenizer's declaration is all there is
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    return config.get("max_position_embeddings", text.get("max_position_embeddings"))
 
 
 # Most prompts are never encoded. A token spans at least one byte of normalised text (byte-level

@@ -83,7 +83,8 @@ def _render_problem(params):
     official = None
     if params.tokenizer.kind == "hf_dir":
         official = official_template(tok, "hf_dir", params.tokenizer.path)
-    limit = length_limit(params.prompts.context_tokens, tok.hf.model_max_length, params.generate.max_tokens)
+    limit = length_limit(params.prompts.context_tokens, tok.hf.model_max_length, params.generate.max_tokens,
+                         params.tokenizer.path if params.tokenizer.kind == "hf_dir" else None)
     ids = {n: tok.token_id(n) for n in template.special_names}     # by name; the contract proves them
     length = too_long(limit, lambda segs: encode_segments(tok, [segs], ids)[0], template.name,
                       params.generate.max_tokens, widest_token(tok) if limit.max_prompt_tokens else None)

@@ -357,3 +357,15 @@ def test_the_length_limit_is_the_context_less_max_tokens_from_the_param_or_the_t
     assert none.max_prompt_tokens is None and "set prompts.context_tokens" in none.source
     with pytest.raises(ValueError, match="generate.max_tokens 4096 leaves no room .* 4096 tokens"):
         length_limit(None, 4096, 4096)
+
+
+def test_an_hf_model_directorys_config_gives_the_context_before_its_tokenizer_does(tmp_path):
+    import json
+
+    from draftgate.prompts import length_limit
+
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 262144}}))
+    limit = length_limit(None, 131072, 16384, str(tmp_path))      # a Kimi-K2.5-like multimodal config
+    assert (limit.max_prompt_tokens, limit.context) == (262144 - 16384, 262144)
+    assert limit.source == f"max_position_embeddings of {tmp_path}/config.json"
+    assert length_limit(None, 131072, 16384, str(tmp_path / "no-such-dir")).context == 131072
