@@ -193,8 +193,10 @@ def test_the_upper_bounds_themselves_are_accepted():
     assert (params.generate.concurrency, params.drafter.epochs, params.eval.bootstrap_samples) == (10_000, 1000, 1_000_000)
 
 
-# Numbers left without an upper bound, and why: a cap above the data is no cap, and a threshold
-# on a count of rows may be as large as the rows.
+# Numbers left without an upper bound, and why: a cap above the data is no cap (max_prompts,
+# limit), a threshold on a count of rows may be as large as the rows (max_semantic,
+# max_tie_divergences); min_compared's ceiling is the probe set's size (templates/probes.py, which
+# params must not import: the template gate fails a value above it); threads: torch's own check.
 UNBOUNDED = {"prompts.max_prompts", "generate.limit", "eval.max_prompts",
              "gates.tokens.max_semantic", "gates.eval.max_tie_divergences",
              "gates.template.min_compared", "drafter.threads"}
