@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = [full_string(r) for r in responses]
     core = tok.hf.backend_tokenizer
     enc = tok._tiktoken_encoding
-    # Build the tiktoken core and the NFC quick check's probe (tokenizers.py) before any timing.
+    # Build the tiktoken core and the NFC quick check's probe (tokenizers/fast.py) before any timing.
     tok.encode_ordinary_batch(["warm up", "é"])
 
     setup = Setup(tok, template, ids, True)

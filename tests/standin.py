@@ -12,6 +12,7 @@ from pathlib import Path
 
 from draftgate import cache
 from draftgate import tokenizers as tk
+from draftgate.tokenizers import ranks
 
 # Kimi-K2 / K2.5 special tokens at their real ids (docs/tokenizers.md; the tokenizer_config of the real
 # model is the authority, the stand-in only mirrors it). Kimi reserves 256 ids after its BPE ranks.
@@ -42,12 +43,12 @@ def kimi_standin(base: tk.Tokenizer) -> tk.Tokenizer:
     added = [(i, by_id.get(i, f"<|reserved_token_{i - KIMI_FIRST_SPECIAL_ID}|>"), True)
              for i in range(KIMI_FIRST_SPECIAL_ID, KIMI_FIRST_SPECIAL_ID + KIMI_N_SPECIAL)]
     key = cache.key(cache.file_sha256(ranks_path), pattern, json.dumps(added), tk.versions(),
-                    cache.recipe("standin", "kimi_standin") + cache.recipe(tk.__name__, "build_from_ranks"))
+                    cache.recipe("standin", "kimi_standin") + cache.recipe(ranks.__name__, "build_from_ranks"))
 
     def build(folder: Path) -> None:
-        ranks = tk._load_ranks(ranks_path)
-        fillers = {f"<kimi-standin-{i}>": i for i in range(len(ranks), KIMI_FIRST_SPECIAL_ID)}
-        tk.build_from_ranks(ranks, pattern, nfc=True, added=added, fillers=fillers).save(
+        table = ranks._load_ranks(ranks_path)
+        fillers = {f"<kimi-standin-{i}>": i for i in range(len(table), KIMI_FIRST_SPECIAL_ID)}
+        tk.build_from_ranks(table, pattern, nfc=True, added=added, fillers=fillers).save(
             str(folder / "tokenizer.json"))
 
     entry = cache.entry("kimi_standin", key, build)
@@ -55,5 +56,5 @@ def kimi_standin(base: tk.Tokenizer) -> tk.Tokenizer:
 
     tok = tk.Tokenizer(PreTrainedTokenizerFast(tokenizer_file=str(entry.path / "tokenizer.json")), "kimi_standin",
                     tiktoken_core=lambda: base._tiktoken_encoding)
-    tk._check_ids(tok, [(i, n) for n, i in KIMI_SPECIALS.items()])
+    ranks._check_ids(tok, [(i, n) for n, i in KIMI_SPECIALS.items()])
     return tok

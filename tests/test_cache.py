@@ -112,7 +112,7 @@ def test_the_recipe_is_the_build_codes_own_text_so_a_fix_changes_the_key(tmp_pat
 
 
 def test_the_tokenizer_and_model_recipes_are_in_their_cache_keys():
-    from draftgate import tokenizers
+    from draftgate.tokenizers import smollm2
 
-    assert "_convert_smollm2" in cache.recipe(tokenizers.__name__, "load_smollm2", "_convert_smollm2", "_gguf_pre")
+    assert "_convert_smollm2" in cache.recipe(smollm2.__name__, "load_smollm2", "_convert_smollm2", "_gguf_pre")
     assert "save_pretrained" in cache.recipe("draftgate.serve.model", "convert")

@@ -128,7 +128,7 @@ def test_a_checkout_without_the_journal_finds_generate_up_to_date_so_a_queued_ex
 
 
 def test_a_change_to_the_tokenizer_code_makes_generate_and_reconstruct_stale(small_repo):
-    code = small_repo / "draftgate" / "tokenizers.py"
+    code = small_repo / "draftgate" / "tokenizers" / "smollm2.py"
     original = code.read_text()
     code.write_text(original + "\n# a fix to the SmolLM2 conversion\n")
     try:

@@ -108,6 +108,7 @@ def test_every_qwen3_vocabulary_piece_encodes_the_same_in_the_hf_build_and_tikto
 
 def test_qwen3_build_is_cached_outside_the_repo_and_reused(qwen3_tok, tmp_path, monkeypatch):
     from draftgate import tokenizers
+    from draftgate.tokenizers import ranks
 
     monkeypatch.setenv("DRAFTGATE_CACHE", str(tmp_path))
     built = tokenizers.load_qwen3()
@@ -118,7 +119,7 @@ def test_qwen3_build_is_cached_outside_the_repo_and_reused(qwen3_tok, tmp_path, 
     def no_build(*a, **k):
         raise AssertionError("rebuilt although the cache entry is valid")
 
-    monkeypatch.setattr(tokenizers, "build_from_ranks", no_build)
+    monkeypatch.setattr(ranks, "build_from_ranks", no_build)
     assert tokenizers.load_qwen3().fingerprint == built.fingerprint
 
 
@@ -347,7 +348,8 @@ KIMI_STYLE_PATTERN = "|".join([
 def test_a_kimi_style_regex_with_class_intersections_converts_exactly():
     import tiktoken
 
-    from draftgate.tokenizers import _load_ranks, build_from_ranks, qwen3_sources
+    from draftgate.tokenizers import build_from_ranks, qwen3_sources
+    from draftgate.tokenizers.ranks import _load_ranks
 
     ranks = _load_ranks(qwen3_sources()[0])
     core = build_from_ranks(ranks, KIMI_STYLE_PATTERN, nfc=False, added=[])
@@ -384,14 +386,14 @@ def _rust_nfc(text):
 @given(st.lists(st.one_of(st.sampled_from(NFC_HAZARDS), st.characters(exclude_categories=("Cs",))),
                 max_size=24).map("".join))
 def test_the_nfc_quick_check_lets_through_only_text_the_tokenizers_normaliser_leaves_unchanged(text):
-    from draftgate.tokenizers import _nfc_quick_check
+    from draftgate.tokenizers.fast import _nfc_quick_check
 
     fast = text if text.isascii() or _nfc_quick_check()(text) else _rust_nfc(text)
     assert fast == _rust_nfc(text)
 
 
 def test_the_nfc_quick_check_skips_normalised_non_ascii_text_and_stops_at_the_rest():
-    from draftgate.tokenizers import _nfc_quick_check
+    from draftgate.tokenizers.fast import _nfc_quick_check
 
     quick = _nfc_quick_check()
     # Not vacuous: these skip the Rust normaliser (U+0958 is excluded from composition, so
@@ -410,7 +412,7 @@ def test_the_nfc_quick_check_agrees_with_the_tokenizers_normaliser_on_every_code
     # Every code point alone, after a letter before a class-220 mark, and after a class-240
     # mark: whatever Python calls NFC there, Rust leaves unchanged (one joined call; the spaces
     # between samples block any interaction).
-    from draftgate.tokenizers import _nfc_quick_check
+    from draftgate.tokenizers.fast import _nfc_quick_check
 
     quick = _nfc_quick_check()
     chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
@@ -426,7 +428,7 @@ def test_the_nfc_quick_check_turns_itself_off_when_rusts_unicode_tables_are_the_
     # class-232 mark) reorders the probe: from then on every non-ASCII text takes the Rust path.
     import tokenizers.normalizers
 
-    from draftgate import tokenizers as tk
+    from draftgate.tokenizers import fast as tk
 
     class Newer:
         def normalize_str(self, text):
@@ -453,7 +455,7 @@ def test_a_lone_surrogate_is_an_error_on_the_fast_path_too_not_silently_replaced
 
 
 def test_threaded_chunks_give_the_same_ids_as_one_thread(qwen3_tok, monkeypatch):
-    from draftgate import tokenizers as tk
+    from draftgate.tokenizers import fast as tk
 
     class Fixed(tk.ThreadChoice):
         def __init__(self, threads):

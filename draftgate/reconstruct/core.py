@@ -153,7 +153,7 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
     engine = prefix.encode_with_specials(setup.tok, windows)
 
     # Text is encoded by an ordinary encoder built without the added vocabulary, so no added
-    # token's id can come out of it (tokenizers.py; fuzz-tested there). What can: a contract id
+    # token's id can come out of it (draftgate/tokenizers; fuzz-tested there). What can: a contract id
     # that is an ordinary token (the 163533 "chas" bug). Only those are looked for.
     added = frozenset(getattr(setup.tok, "added_ids", ()))
     special_set = frozenset(i for i in setup.special_ids.values() if i not in added)
