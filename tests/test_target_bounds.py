@@ -25,11 +25,23 @@ def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_training_l
 
 def test_a_layer_past_the_targets_count_is_refused_with_the_key_and_the_count():
     from draftgate.hidden.capture import resolve_layers
-    from draftgate.serve.model import cached_weights
+    from draftgate.hidden.target import TargetError, load_target
 
-    layers = parse_params({"hidden": {"layers": [1, 14, 30]}}).hidden.layers      # the params allow it ...
-    n = json.loads((cached_weights().path / "config.json").read_text())["num_hidden_layers"]
-    with pytest.raises(ValueError) as e:                                           # ... SmolLM2-135M does not
-        resolve_layers(layers, n)
-    assert "hidden.layers [1, 14, 30]: need 3 decoder-layer ids in [0, 29]" in str(e.value)
-    assert "the target has 30 layers" in str(e.value)
+    hp = parse_params({"hidden": {"layers": [1, 14, 30], "device": "cpu"}}).hidden   # the params allow it ...
+    with pytest.raises(TargetError) as e:                                          # ... SmolLM2-135M does not
+        load_target(hp)
+    assert str(e.value).startswith("hidden.layers [1, 14, 30]: layer 30 is past the target's 30 decoder layers")
+    with pytest.raises(ValueError, match=r"need 3 decoder-layer ids in \[0, 29\].*the target has 30 layers"):
+        resolve_layers(hp.layers, 30)        # the hidden stage's check with the loaded model says the same
+
+
+def test_an_hf_dir_targets_layer_count_is_checked_from_its_config_before_any_weight_loads(tmp_path):
+    from draftgate.config import HiddenParams
+    from draftgate.hidden.target import TargetError, load_target
+
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 61}}))
+    (tmp_path / "model.safetensors").write_bytes(b"")     # would fail to load: the check comes first
+    hp = HiddenParams(kind="hf_dir", path=str(tmp_path), layers=[2, 29, 61], device="cpu")
+    with pytest.raises(TargetError) as e:
+        load_target(hp)
+    assert str(e.value).startswith("hidden.layers [2, 29, 61]: layer 61 is past the target's 61 decoder layers")

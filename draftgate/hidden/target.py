@@ -129,7 +129,7 @@ def load_target(hidden_params: HiddenParams, device: str | None = None, param: s
     dtype = getattr(torch, hidden_params.compute_dtype)
     _quiet_transformers()
     if hidden_params.kind == "embedded":
-        model, path, weights_fp, tok_fp, template = _embedded(dtype)
+        model, path, weights_fp, tok_fp, template = _embedded(dtype, hidden_params.layers)
     else:
         model, path, weights_fp, tok_fp, template = _hf_dir(hidden_params, dtype)
     model.eval().requires_grad_(False).to(dev)
@@ -139,7 +139,28 @@ def load_target(hidden_params: HiddenParams, device: str | None = None, param: s
                   chat_template_sha256=hashlib.sha256(template.encode("utf-8")).hexdigest())
 
 
-def _embedded(dtype: Any) -> tuple[Any, str, str, str, str]:
+def check_layers(layers: list[int] | None, config_path: Path) -> None:
+    """hidden.layers against the target's decoder layers, read from its config.json before any
+    weight is loaded (a large target's load takes minutes; hidden/capture.py checks again, with
+    the loaded model). A config without the count leaves it to that later check."""
+    if layers is None:
+        return
+    try:
+        config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TargetError(f"{config_path}: unreadable ({e}); the target's config.json is needed") from None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    n = config.get("num_hidden_layers", text.get("num_hidden_layers"))
+    if not isinstance(n, int):
+        return
+    bad = [i for i in layers if not 0 <= i < n]
+    if bad:
+        raise TargetError(f"hidden.layers {list(layers)}: layer {bad[0]} is past the target's {n} decoder layers "
+                          f"(0-based ids 0..{n - 1}; num_hidden_layers in {config_path}); null takes "
+                          "EAGLE-3's [1, N//2-1, N-4]")
+
+
+def _embedded(dtype: Any, layers: list[int] | None = None) -> tuple[Any, str, str, str, str]:
     from transformers import AutoModelForCausalLM
 
     from draftgate.serve.model import cached_weights, smollm2_tokenizer
@@ -147,6 +168,7 @@ def _embedded(dtype: Any) -> tuple[Any, str, str, str, str]:
     # The same entry, the same loader and the same tokenizer object the server uses (load()):
     # its fingerprint is the server's `identity["weights"]`.
     weights = cached_weights()
+    check_layers(layers, weights.path / "config.json")
     model = AutoModelForCausalLM.from_pretrained(weights.path, dtype=dtype)
     tok = smollm2_tokenizer()
     return model, str(weights.path), weights.fingerprint, tok.fingerprint, tok.hf.chat_template or ""
@@ -165,6 +187,7 @@ def _hf_dir(hp: HiddenParams, dtype: Any) -> tuple[Any, str, str, str, str]:
     files = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
     if not files:
         raise TargetError(f"{path}: no *.safetensors or *.bin weight files")
+    check_layers(hp.layers, path / "config.json")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=hp.trust_remote_code)
     tok = load_tokenizer(TokenizerParams(kind="hf_dir", path=str(path), trust_remote_code=hp.trust_remote_code))
     return model, str(path), weights_fingerprint(files), tok.fingerprint, tok.hf.chat_template or ""
