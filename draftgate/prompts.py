@@ -492,11 +492,13 @@ def _config_context(model_dir: str) -> Any:
 # Most prompts are never encoded. A token spans at least one byte of normalised text (byte-level
 # BPE; SentencePiece's byte fallback), so a prompt whose bytes are within a quarter of the limit
 # fits (the factor covers normalisation that grows text, NFC at most 3x, and an added prefix
-# space). A token spans at most the tokenizer's widest token, so a prompt of more than twice
-# (NFC can shrink text) that many bytes per allowed token is too long: a 10 MB message is
-# refused without encoding it (encoded, it took 32 s and 1.4 GB for SmolLM2's 2.3M tokens).
+# space). A token spans at most the tokenizer's widest token, so a prompt of more than three
+# times that many bytes per allowed token is too long (NFC shrinks text at most 3x: three Hangul
+# jamo, 9 bytes, compose into one 3-byte syllable): a 10 MB message is refused without being
+# encoded (encoded, it took 32 s and 1.4 GB for SmolLM2's 2.3M tokens; refused so, the stage
+# ran in 13.5 s at 218 MB, most of it the stage's own start).
 UNMEASURED_BYTES_FACTOR = 4
-SHRINK_FACTOR = 2
+SHRINK_FACTOR = 3
 
 
 def widest_token(tok: Any) -> int | None:
