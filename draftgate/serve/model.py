@@ -126,10 +126,10 @@ def cached_weights(cache_root: Path | None = None) -> cache.Entry:
 
 
 def load(device: Literal["auto", "cpu", "cuda"] = "auto", cache_root: Path | None = None) -> LocalModel:
-    import hashlib
-
     import torch
     from transformers import AutoModelForCausalLM
+
+    from draftgate.io import text_sha256
 
     start = time.perf_counter()
     device = resolve_device(device, "serve.device")
@@ -144,7 +144,7 @@ def load(device: Literal["auto", "cpu", "cuda"] = "auto", cache_root: Path | Non
         end_ids=resolve_end_ids(tok.hf), token_bytes=tuple(tok.token_bytes(i) for i in range(tok.vocab_size)),
         context_len=int(model.config.max_position_embeddings), gguf_sha256=weights.inputs["gguf_sha256"],
         weights_fingerprint=weights.fingerprint, tokenizer_fingerprint=tok.fingerprint,
-        chat_template_sha256=hashlib.sha256(template.encode("utf-8")).hexdigest(),
+        chat_template_sha256=text_sha256(template),
         source="gguf" if weights.built else "cache", load_s=time.perf_counter() - start)
 
 

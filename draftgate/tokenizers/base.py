@@ -8,13 +8,13 @@ encodes go through tiktoken (fast.py), fuzz-tested equal to the Rust encoder.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from draftgate.io import text_sha256
 from draftgate.tokenizers.fast import tiktoken_batch
 
 
@@ -79,7 +79,7 @@ class Tokenizer:
     @cached_property
     def fingerprint(self) -> str:
         # The serialised backend as loaded (added tokens included), compact JSON.
-        return hashlib.sha256(self._core.to_str().encode("utf-8")).hexdigest()
+        return text_sha256(self._core.to_str())
 
     # ------------------------------------------------------------ encode / decode
 
