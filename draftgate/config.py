@@ -375,6 +375,10 @@ class DrafterParams:
     init_from: str | None = None
     export_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     speculative_tokens: Annotated[int, Range(ge=1, le=16)] = 3   # the speculators config's proposal method
+    # The speculators config's verifier (vLLM loads it as model and tokenizer): a hub id or a path
+    # valid where the drafter is served. null: the embedded target's hub id
+    # (HuggingFaceTB/SmolLM2-135M-Instruct), or hf_dir's hidden.path as written.
+    verifier: str | None = None
     # torch's CPU threads while training: the bytes of the drafter depend on the count (CPU kernels
     # split reductions by thread), so it is fixed here, not left to the core count. 2: the count
     # the committed run had (this 2-core machine's default); raise it for speed, knowing the

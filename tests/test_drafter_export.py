@@ -38,11 +38,16 @@ def test_each_layout_reloads_as_trained_by_its_engines_rules(trained, ws, layout
     assert ex.check_export(d, engine, layers(ws)) == []
     names = set(load_file(str(d / ex.WEIGHTS)))
     cfg = json.loads((d / "config.json").read_text())
-    assert names == set(ex.expected_tensors(ex.layer_config(cfg, engine))) - {"embed_tokens.weight"}
+    expected = set(ex.expected_tensors(ex.layer_config(cfg, engine)))
+    if layout == "sglang":       # SGLang shares the target's embedding; speculators' names it layers.0
+        assert names == expected - {"embed_tokens.weight"}
+    else:
+        assert names == {ex.speculators_name(k) for k in expected} and not any(n.startswith("midlayer.") for n in names)
     model = ex.load_drafter(d)
     saved = load_file(str(d / ex.WEIGHTS))
     for k, v in model.trainable_state().items():
-        assert torch.equal(v, saved[k].to(v.dtype)), k
+        name = k if layout == "sglang" else ex.speculators_name(k)
+        assert torch.equal(v, saved[name].to(v.dtype)), k
     other = ex.load_drafter(trained / "drafter" / ("speculators" if layout == "sglang" else "sglang"))
     s = json.loads((trained / "drafter" / layout / ex.INFO).read_text())
     assert s["vocab"]["data_sha256"] and s["aux_layers"]["eagle3"] == layers(ws)["eagle3"]
@@ -59,12 +64,64 @@ def test_the_engines_read_the_aux_layer_ids_in_their_own_conventions(trained, ws
     assert sp["norm_before_residual"] is False
 
 
+def test_the_speculators_export_names_a_verifier_valid_on_any_machine_and_ships_the_embedding(trained, ws):
+    from safetensors import safe_open
+
+    d = trained / "drafter" / "speculators"
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert cfg["speculators_version"] == "0.9.0"
+    with safe_open(str(d / ex.WEIGHTS), framework="pt") as f:
+        embed = f.get_tensor("embed_tokens.weight")
+    from drafter_fixtures import shared_target
+
+    assert torch.equal(embed, shared_target().embed_tokens.weight.detach().to(embed.dtype))
+
+
+def test_the_verifier_is_the_declared_one_else_the_targets_reference():
+    assert ex.verifier_reference("org/model", {"kind": "embedded"})["name_or_path"] == "org/model"
+    assert ex.verifier_reference(None, {"kind": "embedded", "path": "embedded:x"})["name_or_path"] == ex.EMBEDDED_VERIFIER
+    assert ex.verifier_reference(None, {"kind": "hf_dir", "path": "models/qwen3"})["name_or_path"] == "models/qwen3"
+    with pytest.raises(ex.ExportError, match="drafter.verifier"):
+        ex.verifier_reference(None, {"kind": "hf_dir"})
+
+
+@pytest.mark.parametrize("change,kinds", [
+    (lambda t: t.__setitem__("midlayer.mlp.up_proj.weight", t.pop("layers.0.mlp.up_proj.weight")),
+     {"skipped_key", "missing_key"}),
+    (lambda t: t.pop("embed_tokens.weight"), {"missing_key"}),
+])
+def test_check_export_holds_the_speculators_layout_to_speculators_own_names(trained, tmp_path, change, kinds):
+    """What speculators' from_pretrained did (interop/check.py): midlayer.* unexpected (the layer
+    stays random) and a missing embedding left at zero; vLLM alone would have taken both."""
+    from safetensors.torch import load_file
+
+    from draftgate.io import write_safetensors
+
+    d = copy_export(trained, "speculators", tmp_path)
+    t = load_file(str(d / ex.WEIGHTS))
+    change(t)
+    write_safetensors(d / ex.WEIGHTS, t, {"format": "pt"})
+    assert {p.kind for p in ex.check_export(d, "vllm")} == kinds
+
+
+def test_a_verifier_in_this_machines_namespace_fails_check_export(trained, tmp_path):
+    d = copy_export(trained, "speculators", tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["speculators_config"]["verifier"]["name_or_path"] = "embedded:smollm2-135m-instruct"
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert [p.key for p in ex.check_export(d, "vllm")] == ["speculators_config.verifier.name_or_path"]
+
+
 def test_sglang_takes_an_optional_model_prefix_and_vllm_does_not():
     assert ex.sglang_param("model.fc.weight") == "model.fc.weight"
     assert ex.sglang_param("fc.weight") == "model.fc.weight"
     assert ex.sglang_param("model.lm_head.weight") is None          # looked up as model.model.lm_head
     assert ex.sglang_param("midlayer.hidden_layernorm.weight") is None
     assert ex.vllm_param("midlayer.self_attn.q_proj.weight") == "model.layers.0.self_attn.q_proj.weight"
+    assert ex.vllm_param("layers.0.self_attn.q_proj.weight") == "model.layers.0.self_attn.q_proj.weight"
+    assert ex.speculators_param("midlayer.self_attn.q_proj.weight") is None
+    assert ex.speculators_param("layers.0.self_attn.q_proj.weight") == "midlayer.self_attn.q_proj.weight"
     assert ex.vllm_param("d2t") == "draft_id_to_target_id" and ex.vllm_param("t2d") == ""
     assert ex.vllm_param("model.fc.weight") is None
 

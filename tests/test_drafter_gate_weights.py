@@ -93,10 +93,11 @@ def test_re_initialised_weights_fail_the_step0_loss(ws, trained, tmp_path):
     info = ex.read_info(trained / "drafter" / "sglang")
     torch.manual_seed(0)
     fresh = Eagle3Drafter(DrafterConfig.from_dict(info["drafter_config"])).trainable_state()
+    fresh.update({ex.speculators_name(k): v for k, v in fresh.items()})   # the speculators layout's names
 
     def reinit(t):
         for k in t:
-            if k not in ("d2t", "t2d"):
+            if k not in ("d2t", "t2d", "embed_tokens.weight"):   # the target's embedding stays
                 t[k] = fresh[k].to(t[k].dtype).contiguous()
 
     sg, sp = rewrite_both(trained, tmp_path, reinit)
@@ -113,7 +114,7 @@ def test_layouts_with_different_weights_fail_weights_match(ws, trained, tmp_path
     d = tmp_path / "speculators"
     shutil.copytree(trained / "drafter" / "speculators", d)
     t = load_file(str(d / ex.WEIGHTS))
-    t["midlayer.mlp.down_proj.weight"] = t["midlayer.mlp.down_proj.weight"] * 1.01
+    t["layers.0.mlp.down_proj.weight"] = t["layers.0.mlp.down_proj.weight"] * 1.01   # speculators' names
     write_safetensors(d / ex.WEIGHTS, t, {"format": "pt"})
     rc, failed, _ = gate(ws, trained, tmp_path, speculators=d)
     assert rc == 1 and failed == {"weights_match"}

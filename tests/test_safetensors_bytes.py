@@ -51,7 +51,8 @@ def write_all(out: Path) -> None:
                       target_num_layers=4)
     vmap = vc.load(out / "vocab.safetensors")
     for layout in ("sglang", "speculators"):
-        ex.export(TinyDrafter(c, vmap, g), out / layout, layout, info={"vocab": vmap.describe()})
+        ex.export(TinyDrafter(c, vmap, g), out / layout, layout, info={"vocab": vmap.describe()},
+                  verifier=ex.verifier_reference(None, {"kind": "embedded"}))
 
 
 class TinyDrafter:
@@ -65,6 +66,8 @@ class TinyDrafter:
         self.state = {name: torch.randn(*shape, generator=g) for name, (shape, kind) in
                       expected_tensors(c.to_dict()).items() if kind == "float" and name != "embed_tokens.weight"}
         self.state.update(d2t=torch.from_numpy(vmap.d2t), t2d=torch.from_numpy(vmap.t2d))
+        # the target's embedding, which the speculators layout ships
+        self.embed_tokens = torch.nn.Embedding.from_pretrained(torch.randn(c.vocab_size, c.hidden_size, generator=g))
 
     def trainable_state(self):
         return self.state

