@@ -149,8 +149,11 @@ def test_a_divergence_to_the_runner_up_within_the_tolerance_is_counted_not_faile
     from draftgate.serve.model import resolve_end_ids
 
     end = resolve_end_ids(smollm2_tok.hf)
-    at = next(i for i in range(2, len(victim["output_ids"]) - 1) if g.top2[i][2] not in end)
+    # The last token: nothing follows the swap, so the runner-up is the only difference from greedy.
+    at = next(i for i in reversed(range(2, len(victim["output_ids"]))) if g.top2[i][2] not in end)
     victim["output_ids"][at] = g.top2[at][2]             # the target's second choice there
+    gap = g.top2[at][1] - g.top2[at][3]                  # its logit behind the first choice
+    wide = gap + 1e-3
     bad = staged / "runner_up.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), bad)
 
@@ -160,11 +163,12 @@ def test_a_divergence_to_the_runner_up_within_the_tolerance_is_counted_not_faile
             "min_acceptance_length": 1.0, "tie_tolerance": tolerance, "max_tie_divergences": allowed}}}))
         return path
 
-    # A tolerance wider than any logit gap makes the swap a tie: counted, and over a bound of 0.
-    rc, checks = gate(staged, bad, params(1e6, 0))
+    # A tolerance wider than the swap's logit gap makes it a tie: counted, and over a bound of 0.
+    assert wide <= 10.0, f"the runner-up is {gap:.3f} logits behind: past gates.eval.tie_tolerance's range"
+    rc, checks = gate(staged, bad, params(wide, 0))
     assert rc == 1 and checks["diverges_from_greedy"]["success"]
     assert checks["tie_divergences"]["observed_value"] == 1 and not checks["tie_divergences"]["success"]
-    rc, checks = gate(staged, bad, params(1e6, 1))
+    rc, checks = gate(staged, bad, params(wide, 1))
     assert rc == 0
     # With no tolerance the same swap is a failure.
     rc, checks = gate(staged, bad, params(0.0, 1))
