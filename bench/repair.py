@@ -1,0 +1,203 @@
+"""Repair on the embedded default, with the model's own sampled ids as the yardstick.
+
+Rows are built the way a text-only API makes them: the local model samples (serve/model.py's
+generate_batch, the server's sampler, seeded per row), the text is decoded, and the text method
+re-encodes it canonically (the content's ordinary encoding, then <|im_end|> when it stopped); the
+bill is the sampled count (the local server counts the end token: counts_end). The search sees
+only the prompt ids, the canonical ids and the bill; the sampled ids only grade it.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/repair.py --temperature 0.7
+    OMP_NUM_THREADS=1 .venv/bin/python bench/repair.py --temperature 1.0 --datasets code --repeats 4
+
+Reports: rows, differing rows (canonical != sampled), the share of them made exact with a 95%
+Wilson interval, exact rows broken (must be 0), reasons, forwards and tokens scored per row, and
+the search's time against one plain decoder forward over the same rows (what the hidden stage
+runs; batch 1 here, like the search). Generated rows are cached under --cache (keyed by the
+arguments), so a rerun only searches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def build_rows(lm, tok, args) -> list[dict]:
+    from draftgate.prompts import Rejected, normalise
+    from draftgate.serve.model import END_TOKEN, Sampling, generate_batch
+
+    end = tok.token_id(END_TOKEN)
+    prompts = []
+    for name in args.datasets:
+        for line in Path(args.raw, f"{name}.jsonl").read_text().splitlines():
+            if line.strip():
+                try:                                  # the prompts stage's own reading of a record
+                    messages, _, _ = normalise(json.loads(line))
+                except Rejected:
+                    continue
+                prompts.append((name, [{"role": m["role"], "content": m["content"] or ""} for m in messages]))
+    prompts = prompts[:args.limit] if args.limit else prompts
+    jobs = [(name, msgs, r) for r in range(args.repeats) for name, msgs in prompts]
+    rows = []
+    for i in range(0, len(jobs), args.batch):
+        chunk = jobs[i:i + args.batch]
+        ids = [list(lm.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"]) for _, m, _ in chunk]
+        samp = [Sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                         seed=1000 * r + i + k) for k, (_, _, r) in enumerate(chunk)]
+        for (name, _, _), p, g in zip(chunk, ids, generate_batch(lm, ids, samp)):
+            truth = g.ids
+            content = truth[:-1] if g.finish_reason == "stop" else truth
+            text = tok.decode(content)            # what an API returns: a string
+            canon = tok.encode_ordinary(text) + ([end] if g.finish_reason == "stop" else [])
+            rows.append({"dataset": name, "prompt": p, "truth": truth, "canon": canon, "billed": len(truth)})
+        print(f"  generated {len(rows)}/{len(jobs)}", file=sys.stderr)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--datasets", nargs="+", default=["chat", "code"])
+    ap.add_argument("--raw", default="data/raw")
+    ap.add_argument("--repeats", type=int, default=1, help="samples per prompt (seeds differ)")
+    ap.add_argument("--limit", type=int, default=0, help="first N prompts (0 = all)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--no-bill", action="store_true", help="search without the length constraint")
+    ap.add_argument("--cache", default=os.environ.get("TMPDIR", "/tmp") + "/draftgate-repair-bench")
+    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--only", type=int, nargs="*", default=[], help="row indices to search (debugging)")
+    ap.add_argument("--verbose", action="store_true", help="one line per row on stderr")
+    ap.add_argument("--set", nargs="*", default=[], help="RepairParams overrides key=value")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from draftgate.repair.params import RepairParams
+    from draftgate.repair.score import HFScorer, Sampling
+    from draftgate.repair.search import Vocab, search
+    from draftgate.serve.model import load, smollm2_tokenizer
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    lm = load("cpu")
+    tok = smollm2_tokenizer()
+    key = hashlib.sha256(json.dumps([args.temperature, args.top_p, args.datasets, args.repeats, args.limit,
+                                     args.max_tokens, lm.weights_fingerprint]).encode()).hexdigest()[:16]
+    cached = Path(args.cache, f"rows-{key}.json")
+    if cached.is_file():
+        rows = json.loads(cached.read_text())
+    else:
+        rows = build_rows(lm, tok, args)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rows))
+        tmp.replace(cached)
+
+    overrides = {}
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        overrides[k] = json.loads(v)
+    params = RepairParams(**overrides)
+    vocab = Vocab.from_tokenizer(tok)
+    scorer = HFScorer(lm.model, Sampling(args.temperature, args.top_p), params.branch_tokens)
+
+    counts, reasons, fixed_by = Counter(), Counter(), Counter()
+    forwards = tokens = 0
+    search_s = 0.0
+    failures = []
+    for k, r in enumerate(rows):
+        if args.only and k not in args.only:
+            continue
+        differs = r["canon"] != r["truth"]
+        same_bytes = vocab.bytes_of(r["canon"]) == vocab.bytes_of(r["truth"])
+        t = time.perf_counter()
+        out = search(r["prompt"], r["canon"], None if args.no_bill else r["billed"], scorer, vocab, params)
+        search_s += time.perf_counter() - t
+        if args.verbose:
+            print(f"  row {k}: {out.status} {out.reason} {time.perf_counter() - t:.2f}s fw={out.forwards} "
+                  f"tok={out.tokens} cand={out.candidates} exact={out.ids == r['truth']} differs={differs}",
+                  file=sys.stderr, flush=True)
+        forwards += out.forwards
+        tokens += out.tokens
+        assert vocab.bytes_of(out.ids) == vocab.bytes_of(r["canon"]), "a candidate changed the bytes"
+        reasons[out.reason or "repaired"] += 1
+        exact_after = out.ids == r["truth"]
+        if not differs:
+            counts["exact_before"] += 1
+            counts["exact_broken"] += not exact_after
+        elif same_bytes:
+            counts["differing"] += 1
+            counts["made_exact"] += exact_after
+            fixed_by[r["dataset"]] += exact_after
+            counts[f"differing_{r['dataset']}"] += 1
+            if not exact_after:
+                failures.append({"reason": out.reason, "margin_runner_up": out.margin_runner_up,
+                                 "canon_len": len(r["canon"]), "truth_len": len(r["truth"]),
+                                 "diff": _diff(vocab, r["canon"], r["truth"], out.ids)})
+        else:
+            counts["semantic"] += 1
+
+    # The plain forward the hidden stage runs over the same rows (decoder only, batch 1).
+    t = time.perf_counter()
+    with torch.inference_mode():
+        for r in rows:
+            lm.model.get_decoder()(input_ids=torch.tensor([r["prompt"] + r["canon"]]))
+    plain_s = time.perf_counter() - t
+
+    n, d = len(rows), counts["differing"]
+    lo, hi = wilson(counts["made_exact"], d)
+    figures = {
+        "temperature": args.temperature, "top_p": args.top_p, "datasets": args.datasets, "rows": n,
+        "threads": torch.get_num_threads(), "bill": not args.no_bill,
+        "differing": d, "made_exact": counts["made_exact"],
+        "made_exact_share": counts["made_exact"] / d if d else None, "made_exact_95ci": [lo, hi],
+        "differing_by_dataset": {k[10:]: v for k, v in counts.items() if k.startswith("differing_")},
+        "made_exact_by_dataset": dict(fixed_by),
+        "exact_before": counts["exact_before"], "exact_broken": counts["exact_broken"],
+        "semantic": counts["semantic"], "outcomes": dict(reasons),
+        "forwards_per_row": forwards / n, "tokens_scored_per_row": tokens / n,
+        "row_tokens_per_row": sum(len(r["prompt"]) + len(r["canon"]) for r in rows) / n,
+        "search_s": round(search_s, 2), "plain_forward_s": round(plain_s, 2),
+        "search_over_plain": round(search_s / plain_s, 2),
+        "params": overrides, "failures": failures[:10],
+    }
+    print(json.dumps(figures, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+def _diff(vocab, canon, truth, got) -> dict:
+    from draftgate.reconstruct.classify import first_difference
+
+    i = first_difference(canon, truth)
+    lo = max(0, i - 2)
+
+    def show(ids):
+        return [vocab.pieces[x].decode("utf-8", "backslashreplace") for x in ids[lo:i + 5]]
+    return {"at": i, "canon": show(canon), "truth": show(truth), "got": show(got)}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""Scoring under the target: the in-process backend against plain forwards, the local server's
+scoring route, and the HTTP backends against a loopback server speaking vLLM's and SGLang's shapes."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from draftgate.repair.score import (HFScorer, RawPosition, Sampling, ScoreError, SglangScorer, VllmScorer,
+                                    temper, tempered_logprobs)
+
+TEXT = "Write a Python function that checks whether a string is a palindrome."
+
+
+@functools.cache
+def local_model():
+    """The embedded SmolLM2 target, once per session (test_repair_search imports it too)."""
+    import torch
+
+    from draftgate.serve.model import load
+
+    torch.set_num_threads(1)
+    return load("cpu")
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return local_model()
+
+
+@pytest.fixture(scope="module")
+def ids(lm):
+    return lm.tokenizer.encode(TEXT)
+
+
+def test_the_nucleus_makes_tokens_outside_it_impossible_and_renormalises_the_rest():
+    import torch
+
+    logits = torch.tensor([[4.0, 3.0, 1.0, -2.0]])
+    lp = tempered_logprobs(logits, Sampling(0.7, top_p=0.8))
+    p = lp.exp()[0]
+    assert p[2] == 0 and p[3] == 0 and math.isclose(float(p.sum()), 1.0, rel_tol=1e-6)
+    greedy = tempered_logprobs(logits, Sampling(0.0))[0].tolist()
+    assert greedy[0] == 0.0 and all(v == -math.inf for v in greedy[1:])
+    top1 = tempered_logprobs(logits, Sampling(1.0, top_k=1))[0].tolist()
+    assert top1[0] == 0.0 and top1[1] == -math.inf
+
+
+def test_branches_on_the_cached_prefix_score_exactly_like_full_forwards(lm, ids):
+    sampling = Sampling(0.7, top_p=0.95)
+    scorer = HFScorer(lm.model, sampling)
+    scorer.score(ids, 1)
+    branches = [(4, ids[4:9]), (6, [ids[6], 300, 301]), (9, [ids[9]])]
+    got = scorer.score_branches(ids, branches)
+    # One pass for the base, one tree-masked pass for every branch together.
+    assert scorer.counters.forwards == 2
+    for (at, tail), lps in zip(branches, got):
+        plain = HFScorer(lm.model, sampling).score(ids[:at] + list(tail), at).logprobs
+        assert all((a == b == -math.inf) or abs(a - b) < 1e-4 for a, b in zip(lps, plain))
+
+
+def test_asked_alternatives_come_from_the_same_pass(lm, ids):
+    scorer = HFScorer(lm.model, Sampling(1.0))
+    s = scorer.score(ids, 2, ask=[[ids[2], 5]] + [[]] * (len(ids) - 3))
+    assert s.asked[0][ids[2]] == pytest.approx(s.logprobs[0])
+    assert set(s.asked[0]) == {ids[2], 5} and s.asked[1] == {}
+
+
+def test_tempering_top_k_raw_logprobs_is_exact_when_the_top_k_hold_the_mass():
+    raw = RawPosition(token=1, logprob=math.log(0.3), rank=2, top={0: math.log(0.7), 1: math.log(0.3)})
+    t = temper(raw, Sampling(0.5), [0])
+    z = 0.7 ** 2 + 0.3 ** 2
+    assert t[1] == pytest.approx(math.log(0.3 ** 2 / z)) and t[0] == pytest.approx(math.log(0.7 ** 2 / z))
+    # top_p 0.8 at T=0.5: token 0 alone holds 0.845 of the tempered mass; token 1 is outside.
+    assert temper(raw, Sampling(0.5, top_p=0.8))[1] == -math.inf
+    assert temper(raw, Sampling(1.0, top_k=1))[1] == -math.inf
+
+
+# ---------------------------------------------------------------- over HTTP
+
+@contextlib.contextmanager
+def loopback(handle):
+    """A local HTTP server whose POST bodies go to handle(path, body) -> (status, json)."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status, answer = handle(self.path, body)
+            data = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def local_route(lm):
+    from draftgate.repair.route import RouteError, score_completions_request
+
+    def handle(path, body):
+        assert path == "/v1/completions"
+        try:
+            return 200, score_completions_request(lm, body)
+        except RouteError as e:
+            return e.status, e.body()
+    return handle
+
+
+def sglang_from(lm, shift: int = 0):
+    """SGLang's /generate answer, built from the local route's vLLM-shaped one (scripted shape)."""
+    from draftgate.repair.route import score_completions_request
+
+    def handle(path, body):
+        assert path == "/generate" and body["sampling_params"]["max_new_tokens"] == 0
+        ids, start, k = body["input_ids"], body["logprob_start_len"], body["top_logprobs_num"]
+        v = score_completions_request(lm, {"prompt": ids, "prompt_logprobs": k, "max_tokens": 1})
+        entries = v["choices"][0]["prompt_logprobs"]
+        tokens, tops = [], []
+        for pos in range(start + shift, len(ids)):
+            e = entries[pos]
+            if e is None:
+                tokens.append([None, ids[pos], None])
+                tops.append(None)
+                continue
+            tokens.append([e[str(ids[pos])]["logprob"], ids[pos], None])
+            ranked = sorted(((x["logprob"], int(t), None) for t, x in e.items() if x["rank"] <= k), reverse=True)
+            tops.append([list(r) for r in ranked])
+        return 200, {"text": "", "meta_info": {"id": "x", "prompt_tokens": len(ids), "completion_tokens": 0,
+                                               "input_token_logprobs": tokens, "input_top_logprobs": tops}}
+    return handle
+
+
+def test_the_local_servers_scoring_route_answers_in_vllms_shape(lm, ids):
+    with loopback(local_route(lm)) as url:
+        scorer = VllmScorer(url, lm.name, Sampling(1.0))
+        got = scorer.score(ids, 1).logprobs
+        bad = VllmScorer(url, lm.name, Sampling(1.0))
+        bad.request_body = lambda i: {"prompt": "text", "prompt_logprobs": 1, "max_tokens": 1}
+        with pytest.raises(ScoreError, match="list of token ids"):
+            bad.score(ids, 1)
+    # At temperature 1 with no nucleus the raw logprobs ARE the answer: equal to the in-process ones.
+    exact = HFScorer(lm.model, Sampling(1.0)).score(ids, 1).logprobs
+    assert got == pytest.approx(exact, abs=1e-4)
+
+
+def test_vllm_and_sglang_backends_agree_with_the_target_at_the_sampling_temperature(lm, ids):
+    sampling = Sampling(0.7)
+    exact = HFScorer(lm.model, sampling).score_branches(ids, [(5, ids[5:])])[0]
+    with loopback(local_route(lm)) as url:
+        vllm = VllmScorer(url, lm.name, sampling).score_branches(ids, [(5, ids[5:])])[0]
+    with loopback(sglang_from(lm)) as url:
+        sglang = SglangScorer(url, None, sampling).score_branches(ids, [(5, ids[5:])])[0]
+    # Tempered from the raw top 20 (score.py: the tail approximation): close, not exact.
+    assert vllm == pytest.approx(exact, abs=0.05)
+    assert sglang == pytest.approx(vllm, abs=1e-6)
+
+
+def test_an_engine_answer_that_is_off_by_one_position_is_refused_by_name(lm, ids):
+    with loopback(sglang_from(lm, shift=1)) as url:
+        with pytest.raises(ScoreError, match="positions 3"):
+            SglangScorer(url, None, Sampling(1.0)).score(ids, 3)

@@ -1,0 +1,122 @@
+"""The search, with the real SmolLM2 target: rows the model really sampled at temperature 0.7
+(bench/repair.py's demo rows, cut a few tokens after the edit), given as the model's own token
+pieces. The search sees the prompt, the text's canonical encoding and the bill; the pieces only
+grade it."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftgate.repair.params import RepairParams
+from draftgate.repair.score import HFScorer, Sampling
+from draftgate.repair.search import Vocab, search, spans
+from test_repair_score import local_model
+
+# The model wrote " trans|pose" where the text re-encodes as " transpose" (twice): canonical shorter.
+TRANSPOSE = ("Write a Python one-liner that transposes a matrix given as a list of lists.", [
+    "Here", "'s", " a", " one", "-", "liner", " that", " trans", "poses", " a", " matrix", " given", " as", " a",
+    " list", " of", " lists", ":", "\n", "\n", "```", "python", "\n", "def", " trans", "pose", "_", "matrix"])
+# "A|Test" where the text re-encodes as "AT|est": the same length, the bill cannot tell.
+CAPITALISE = ("Write a JavaScript function that capitalises the first letter of a string.", [
+    "Here", " is", " a", " Java", "Script", " function", " that", " capital", "izes", " the", " first", " letter",
+    " of", " a", " given", " string", ":", "\n", "\n", "```", "jav", "asc", "ript", "\n", "function", " capitalize",
+    "First", "Letter", "(", "str", ")", " {", "\n ", " return", " str", ".", "char", "At", "(", "0", ").", "to",
+    "Upper", "Case", "()", " +", " str", ".", "slice", "(", "1", ");", "\n", "}", "\n", "```", "\n", "\n",
+    "Example", " usage", ":", "\n", "\n", "```", "jav", "asc", "ript", "\n", "console", ".", "log", "(", "capital",
+    "ize", "First", "Letter", "('", "This", " Is", " a", " Test", " of", " the", " Capital", " System", "'))", ";",
+    " //", " Output", "s", ":", " This", "Is", "A", "Test", "Of"])
+# "()|`" where the text re-encodes as "()`"; cut right after it and closed with <|im_end|>, so
+# the edit touches the special token.
+SQL = ("Write a SQL statement that adds a non-null column `created_at` with a default of now to a table `users`.", [
+    "CREATE", " TABLE", " users", " (", "\n ", " id", " INT", " PRI", "MARY", " KEY", ",", "\n ", " created", "_",
+    "at", " INT", " DEFAULT", " now", "()", "\n", ");", "\n", "```", "\n", "\n", "This", " SQL", " statement",
+    " creates", " a", " table", " called", " `", "users", "`", " with", " columns", " `", "id", "`", " and", " `",
+    "created", "_", "at", "`.", " The", " `", "created", "_", "at", "`", " column", " is", " created", " with", " `",
+    "now", "()", "`"])
+
+SAMPLING = Sampling(0.7)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return local_model()
+
+
+@pytest.fixture(scope="module")
+def vocab(lm):
+    from draftgate.serve.model import smollm2_tokenizer
+
+    return Vocab.from_tokenizer(smollm2_tokenizer())
+
+
+def row(lm, vocab, case, end: bool = False):
+    """(prompt ids, canonical ids, the model's ids) for a pinned case."""
+    from draftgate.serve.model import END_TOKEN, smollm2_tokenizer
+
+    tok = smollm2_tokenizer()
+    user, pieces = case
+    prompt = list(lm.tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
+                                                   tokenize=True, return_dict=True)["input_ids"])
+    truth = [vocab.by_bytes[p.encode()] for p in pieces]
+    tail = [tok.token_id(END_TOKEN)] if end else []
+    canon = tok.encode_ordinary(vocab.bytes_of(truth).decode()) + tail
+    return prompt, canon, truth + tail
+
+
+def repaired(lm, vocab, prompt, canon, target, **params):
+    scorer = HFScorer(lm.model, SAMPLING)
+    out = search(prompt, canon, target, scorer, vocab, RepairParams(**params))
+    assert vocab.bytes_of(out.ids) == vocab.bytes_of(canon), "every candidate spells the same bytes"
+    return out
+
+
+def test_a_row_whose_canonical_encoding_is_shorter_than_what_the_model_sampled_is_made_exact(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, TRANSPOSE)
+    assert len(canon) == len(truth) - 1
+    out = repaired(lm, vocab, prompt, canon, len(truth))
+    assert out.status == "repaired" and out.ids == truth
+    assert out.margin_runner_up > 1.0 and out.forwards <= 4
+
+
+def test_a_same_length_re_split_is_found_although_the_bill_already_agrees(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, CAPITALISE)
+    assert len(canon) == len(truth) and canon != truth
+    out = repaired(lm, vocab, prompt, canon, len(truth))
+    assert out.ids == truth and out.margin_canonical > 1.0
+
+
+def test_an_edit_next_to_a_special_token_leaves_the_special_where_it_was(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, SQL, end=True)
+    assert canon[-1] == truth[-1] and len(canon) == len(truth) - 1
+    out = repaired(lm, vocab, prompt, canon, len(truth))
+    assert out.ids == truth
+    assert spans(out.ids, vocab)[-1][1] == len(out.ids) - 1      # the special is still last, untouched
+
+
+def test_a_row_the_model_wrote_canonically_keeps_its_ids(lm, vocab):
+    prompt, _, truth = row(lm, vocab, TRANSPOSE)
+    cut = truth[:20]                                  # before the edit: canonical == sampled
+    out = repaired(lm, vocab, prompt, cut, len(cut))
+    assert out.status == "kept" and out.reason == "canonical" and out.ids == cut
+
+
+def test_a_row_without_a_bill_is_searched_without_a_length_and_flagged(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, CAPITALISE)
+    out = repaired(lm, vocab, prompt, canon, None)
+    assert out.no_bill and out.target_len is None
+    assert out.ids == truth       # the likelihood alone decides a same-length re-split
+
+
+def test_an_ambiguous_choice_keeps_the_rows_ids_and_says_so(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, TRANSPOSE)
+    out = repaired(lm, vocab, prompt, canon, len(truth), ambiguous_margin=1e6)
+    assert out.status == "kept" and out.reason == "ambiguous" and out.ids == canon
+    assert out.margin_runner_up is not None and out.margin_runner_up < 1e6
+
+
+def test_a_bill_no_tokenization_can_reach_keeps_the_row_with_a_reason(lm, vocab):
+    prompt, canon, _ = row(lm, vocab, TRANSPOSE)
+    out = repaired(lm, vocab, prompt, canon, len(canon) + 40)
+    assert out.status == "kept" and out.reason == "no_candidate" and out.ids == canon
+    capped = repaired(lm, vocab, prompt, canon, len(canon) + 3, row_candidates=1)
+    assert capped.reason == "budget" and capped.candidates == 1
