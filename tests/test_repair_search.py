@@ -75,7 +75,8 @@ def test_a_row_whose_canonical_encoding_is_shorter_than_what_the_model_sampled_i
     assert len(canon) == len(truth) - 1
     out = repaired(lm, vocab, prompt, canon, len(truth))
     assert out.status == "repaired" and out.ids == truth
-    assert out.margin_runner_up > 1.0 and out.forwards <= 4
+    # Two passes (the second finds nothing better), each: the base, its windows, the exact re-score.
+    assert out.margin_runner_up > 1.0 and out.forwards <= 8
 
 
 def test_a_same_length_re_split_is_found_although_the_bill_already_agrees(lm, vocab):
