@@ -23,7 +23,7 @@ COLUMNS = (
     # name, arrow type name, meaning
     ("repair_status", "string", "repaired | kept (searched) | null (not searched: not the text method, or quarantined)"),
     ("repair_reason", "string", "kept: canonical | ambiguous | no_candidate | budget"),
-    ("repair_no_bill", "bool", "searched without a length constraint (no billed count or convention)"),
+    ("repair_no_bill", "bool_", "searched without a length constraint (no billed count or convention)"),
     ("repair_target_len", "int32", "the completion length the bill asks for under the convention"),
     ("repair_margin_runner_up", "float64", "nats: the chosen tokenization over the runner-up"),
     ("repair_margin_canonical", "float64", "nats: the chosen tokenization over the canonical encoding"),
