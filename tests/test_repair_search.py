@@ -121,3 +121,25 @@ def test_a_bill_no_tokenization_can_reach_keeps_the_row_with_a_reason(lm, vocab)
     assert out.status == "kept" and out.reason == "no_candidate" and out.ids == canon
     capped = repaired(lm, vocab, prompt, canon, len(canon) + 3, row_candidates=1)
     assert capped.reason == "budget" and capped.candidates == 1
+
+
+def test_the_stage_function_repairs_text_rows_and_keeps_the_text_ids_beside_them(lm, vocab):
+    import pyarrow as pa
+
+    from draftgate import schema
+    from draftgate.repair.run import Request, run
+
+    prompt, canon, truth = row(lm, vocab, TRANSPOSE)
+
+    def tok_row(pid, method, completion):
+        return {"prompt_id": pid, "input_ids": prompt + completion, "prompt_len": len(prompt),
+                "completion_ids": completion, "loss_mask": [0] * len(prompt) + [1] * len(completion),
+                "method": method, "n_completion": len(completion), "billed_completion_tokens": len(truth),
+                "billing_convention": "counts_end", "billing_residual": len(completion) - len(truth)}
+    table = pa.Table.from_pylist([tok_row("a", "text", canon), tok_row("b", "truth", truth)], schema=schema.tokens())
+    out, metrics = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, RepairParams()))
+    a, b = out.to_pylist()
+    assert (a["method"], a["completion_ids"], a["text_ids"], a["billing_residual"]) == ("repaired", truth, canon, 0)
+    assert a["input_ids"] == prompt + truth and sum(a["loss_mask"]) == len(truth)
+    assert b["method"] == "truth" and b["repair_status"] is None      # ids from the backend: not searched
+    assert metrics["searched"] == 1 and metrics["repaired"] == 1 and metrics["not_searched"] == 1
