@@ -10,7 +10,13 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup repro test bench docs clean
+.PHONY: setup repro test bench docs clean interop interop-check
+
+# The interop side environment (interop/requirements.txt says why it is separate and why the two
+# libraries go in with --no-deps); rebuilt only when that file changes.
+IVENV  := .venv-interop
+IPY    := $(IVENV)/bin/python
+ISTAMP := $(IVENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +35,19 @@ repro: setup
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
+$(ISTAMP): interop/requirements.txt
+	test -x $(IPY) || python3 -m venv $(IVENV)
+	$(IPY) -m pip install -q --disable-pip-version-check -r interop/requirements.txt
+	$(IPY) -m pip install -q --disable-pip-version-check --no-deps speculators==0.9.0 specforge==0.2.0
+	touch $(ISTAMP)
+
+interop: $(ISTAMP)
+
+# Each export loaded by speculators' and SpecForge's own classes, compared with draftgate's
+# forward (docs/drafter.md, "Checked by the libraries"); then the corruptions that must fail it.
+interop-check: setup interop
+	DRAFTGATE_INTEROP=required $(PY) -m pytest -q -p no:cacheprovider tests/test_interop.py
+
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
@@ -36,4 +55,4 @@ docs: setup
 	@echo "Data Docs: reports/data_docs/index.html (written by every gate stage)"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(IVENV) .pytest_cache .hypothesis
