@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     forwards = tokens = 0
     search_s = 0.0
     failures = []
+    if args.only:
+        rows = [r for k, r in enumerate(rows) if k in args.only]
     for k, r in enumerate(rows):
-        if args.only and k not in args.only:
-            continue
         differs = r["canon"] != r["truth"]
         same_bytes = vocab.bytes_of(r["canon"]) == vocab.bytes_of(r["truth"])
         t = time.perf_counter()

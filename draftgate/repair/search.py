@@ -220,19 +220,37 @@ def _pass(prompt: list[int], canon: list[int], target_len: int | None, scorer: S
                 truncated = True
                 break
 
-    # Score every window with its re-join tokens, on the cached prefix.
+    # Score windows with their re-join tokens, on the cached prefix. A window's delta is at most
+    # its first token's log-probability (known) minus the canonical span's (the rest is <= 0).
+    # Where the length may stay (bill agrees, or no bill) a change needs a window that gains, so
+    # those are scored first; the others only matter as partners of a gain of opposite length,
+    # and are scored only when a gain exists. Exact rows, the many, mostly stop after the first.
     la = params.rejoin_tokens
-    requests = [(p0 + w.start, list(w.ids) + canon[w.end:w.end + la]) for w in windows]
-    results = scorer.score_branches(base, requests) if requests else []
-    scored_windows = []
-    for w, got in zip(windows, results):
-        if min(got[:len(w.ids)]) == -math.inf:
-            continue                                  # a window the sampler could not have drawn
-        mine = sum(max(v, FLOOR) for v in got)
-        ref = sum(lp[w.start:w.end + min(la, len(canon) - w.end)])
-        scored_windows.append(Window(w.start, w.end, w.ids, mine - ref))
-
     want = None if target_len is None else target_len - len(canon)
+    first_lp = {(t, a): v for t in range(len(canon)) for a, v in scored.asked[t].items()}
+    ref = [sum(lp[w.start:w.end + min(la, len(canon) - w.end)]) for w in windows]
+    ub = [first_lp[(w.start, w.ids[0])] - r for w, r in zip(windows, ref)]
+    order = list(range(len(windows)))
+    if want is None or want == 0:
+        gains = [k for k in order if ub[k] > 0]
+        stages = [gains, [k for k in order if ub[k] <= 0]] if want == 0 else [gains]
+    else:
+        stages = [order]
+    scored_windows = []
+    for n, stage in enumerate(stages):
+        if n and not any(w.delta > 0 for w in scored_windows):
+            break
+        requests = [(p0 + windows[k].start, list(windows[k].ids) + canon[windows[k].end:windows[k].end + la])
+                    for k in stage]
+        results = scorer.score_branches(base, requests) if requests else []
+        for k, got in zip(stage, results):
+            w = windows[k]
+            if min(got[:len(w.ids)]) == -math.inf:
+                continue                              # a window the sampler could not have drawn
+            scored_windows.append(Window(w.start, w.end, w.ids, sum(max(v, FLOOR) for v in got) - ref[k]))
+    scored_count = sum(len(st) for st in stages[:1]) + (len(stages[1]) if len(stages) > 1 and any(
+        w.delta > 0 for w in scored_windows) else 0)
+
     best = _best_two(len(canon), scored_windows, want, params.max_length_delta)
     # Exact log-likelihoods of the two best (from their first edit on, on the cached prefix).
     total = sum(lp)
@@ -246,7 +264,7 @@ def _pass(prompt: list[int], canon: list[int], target_len: int | None, scorer: S
         tail = scorer.score_branches(base, [(p0 + first, ids[first:])])[0]
         ranked.append((sum(lp[:first]) + sum(max(v, FLOOR) for v in tail), edits))
     ranked.sort(key=lambda x: -x[0])
-    return _Pass(total, ranked, len(windows), truncated)
+    return _Pass(total, ranked, scored_count, truncated)
 
 
 def _edits(canon: Sequence[int], ids: Sequence[int]) -> list[Window]:
