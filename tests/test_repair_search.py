@@ -143,3 +143,13 @@ def test_the_stage_function_repairs_text_rows_and_keeps_the_text_ids_beside_them
     assert a["input_ids"] == prompt + truth and sum(a["loss_mask"]) == len(truth)
     assert b["method"] == "truth" and b["repair_status"] is None      # ids from the backend: not searched
     assert metrics["searched"] == 1 and metrics["repaired"] == 1 and metrics["not_searched"] == 1
+
+
+def test_a_long_whitespace_run_stays_within_the_caps(lm, vocab):
+    from draftgate.serve.model import smollm2_tokenizer
+
+    prompt, _, _ = row(lm, vocab, TRANSPOSE)
+    canon = smollm2_tokenizer().encode_ordinary("def f(x):\n" + " " * 48 + "return x")
+    params = dict(window_candidates=4, row_candidates=64)
+    out = repaired(lm, vocab, prompt, canon, len(canon) + 6, **params)
+    assert out.candidates <= 64 * RepairParams().passes
