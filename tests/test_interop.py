@@ -1,6 +1,6 @@
 """The exports, loaded by speculators' and SpecForge's own code in the side environment (make
-interop), agree with draftgate's forward; a renamed key, a dropped tensor or a wrong
-norm_before_residual fails that check.
+interop), agree with draftgate's forward; a renamed key, a dropped tensor, a wrong
+norm_before_residual or a missing embedding fails that check.
 
 The side environment is ~1.5 GB, so `make test` skips these when .venv-interop is absent;
 `make interop-check` (run by .ci/run) sets DRAFTGATE_INTEROP=required, which turns a missing
@@ -51,7 +51,7 @@ def corrupt(src: Path, dst: Path, tensors=None, config=None) -> Path:
 
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory):
-    """The check over the two exports of a drafter at SmolLM2's sizes and three corrupted copies."""
+    """The check over the two exports of a drafter at SmolLM2's sizes and four corrupted copies."""
     python = side_python()
     from reference import export_random, main as reference
 
@@ -64,10 +64,11 @@ def checked(tmp_path_factory):
     dropped = corrupt(exports["sglang"], bad / "dropped", tensors=lambda t: t.pop("midlayer.hidden_norm.weight"))
     residual = corrupt(exports["speculators"], bad / "residual",
                        config=lambda c: c.__setitem__("norm_before_residual", True))
+    noembed = corrupt(exports["speculators"], bad / "noembed", tensors=lambda t: t.pop("embed_tokens.weight"))
     ref = root / "ref"
     assert reference([str(ref), "--drafter", str(root / "given" / "exports"),
                       "--case", f"renamed=speculators:{renamed}", "--case", f"dropped=sglang:{dropped}",
-                      "--case", f"residual=speculators:{residual}"]) == 0
+                      "--case", f"residual=speculators:{residual}", "--case", f"noembed=speculators:{noembed}"]) == 0
     proc = subprocess.run([str(python), str(ROOT / "interop" / "check.py"), str(ref), "--report", str(root / "report.json")],
                           capture_output=True, text=True, timeout=600)
     report = json.loads((root / "report.json").read_text())
@@ -100,6 +101,13 @@ def test_a_wrong_norm_before_residual_loads_every_key_and_fails_the_forward(chec
     c = checked[1]["residual"]
     assert c["keys"] == {"unexpected": [], "missing": [], "differ": []}
     assert not c["passed"] and c["max_abs_diff"] > 1e-2
+
+
+def test_without_the_shipped_embedding_speculators_loads_zeros_and_fails(checked):
+    """Why the speculators layout ships embed_tokens.weight: its fill from the verifier does not
+    happen (the NaN marker does not survive from_pretrained)."""
+    c = checked[1]["noembed"]
+    assert c["keys"]["missing"] == ["embed_tokens.weight"] and not c["passed"] and c["max_abs_diff"] > 0.1
 
 
 def test_the_check_exits_non_zero_when_any_export_fails(checked):
