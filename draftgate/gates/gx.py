@@ -125,6 +125,11 @@ def build_expectation(spec) -> Any:
     """One GX Expectation from a suite entry; pydantic checks the kwargs' names and types."""
     cls = expectation_class(spec.type)
     extra = {"meta": spec.meta} if spec.meta else {}
+    # GX 1.24's Data Docs render an expectation's own `notes` field (markdown) on the suite page;
+    # they no longer read meta.notes. A list renders plain, a bare string in red, as if an error.
+    notes = spec.meta.get("notes")
+    if notes:
+        extra["notes"] = [notes] if isinstance(notes, str) else list(notes)
     if spec.description:
         extra["description"] = spec.description
     try:
