@@ -98,6 +98,11 @@ class ContractParams:
     probe_pairs: list[list[str]] = field(default_factory=lambda: [
         ["The answer is 42.", "\n\nThe"], ["foo", "bar"], ["x = (", "))"], ["hello", " world"],
     ])
+    # The template contract's generated corpus (templates/corpus.py), rendered beside the fixed
+    # probes: 300 conversations take ~0.3 s per template and catch what 25 probes miss (docs/templates.md);
+    # 10,000 (~10 s, a contract.json of tens of MB) is past any use.
+    corpus_size: Annotated[int, Range(ge=0, le=10_000)] = 300
+    corpus_seed: Seed = 0
 
 
 @dataclass(frozen=True)

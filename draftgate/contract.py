@@ -10,7 +10,8 @@ place later stages take special ids from.
 The boundary probe records (never fails on) text pairs whose pieces merge when joined:
 ("foo", "bar") is [7975] + [2257] apart but [50267] joined on Qwen3.
 
-The template contract renders a built-in probe set (templates/probes.py) with the target's
+The template contract renders a built-in probe set (templates/probes.py) and a seeded generated
+corpus (templates/corpus.py: contract.corpus_size conversations) with the target's
 official chat template (official.py: the model directory's, or the one embedded in the default's
 GGUF) and with the template as code, and records both texts per probe: any byte difference fails
 the template gate (expectations/template.json), which compares the two texts itself.
@@ -324,6 +325,7 @@ def run(params: Any) -> ContractRun:
     from draftgate.metrics import StageMetrics
     from draftgate.official import official_template
     from draftgate.templates import get_template
+    from draftgate.templates.corpus import generated_corpus
     from draftgate.templates.probes import PROBES
     from draftgate.tokenizers import load_tokenizer
 
@@ -332,7 +334,8 @@ def run(params: Any) -> ContractRun:
     result = check_contract(tok, template.special_names, params.tokenizer.expected_ids,
                             params.contract.probe_pairs, template=params.template.name)
     official = official_template(tok, params.tokenizer.kind, params.tokenizer.path)
-    result = replace(result, template_contract=check_template(template, official, PROBES),
+    corpus = generated_corpus(params.contract.corpus_seed, params.contract.corpus_size)
+    result = replace(result, template_contract=check_template(template, official, PROBES + corpus),
                      roles=template_roles(template, result.special_ids))
     m = StageMetrics("contract", rows_in=len(result.checks), rows_out=len(result.checks) - len(result.failures()))
     for c in result.failures():
@@ -345,7 +348,12 @@ def run(params: Any) -> ContractRun:
     m.figures.update(ok=result.ok, tokenizer=result.tokenizer, template=result.template,
                      special_ids=result.special_ids,
                      boundary_merges=sum(p.merges for p in result.boundary_probe),
-                     template_contract=tc.to_dict())
+                     template_contract=tc.to_dict(),
+                     # The fixed probes and the generated corpus apart: a near-miss template
+                     # passes the first and fails the second (docs/templates.md).
+                     template_corpus={"seed": params.contract.corpus_seed, "size": len(corpus),
+                                      "compared": sum(p.status == "compared" for p in tc.probes[len(PROBES):]),
+                                      "differ": sum(not p.ok for p in tc.probes[len(PROBES):])})
     m.params = {k: as_dict(getattr(params, k)) for k in ("tokenizer", "template", "contract")}
     return ContractRun(result, tok, m)
 

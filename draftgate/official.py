@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,17 @@ def official_template(tok: Any, kind: str, path: str | None = None) -> OfficialT
 
 
 def gguf_chat_template(gguf: Path) -> str | None:
+    st = Path(gguf).stat()
+    return _gguf_chat_template(str(gguf), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4)
+def _gguf_chat_template(path: str, mtime_ns: int, size: int) -> str | None:
+    # GGUFReader parses every tensor's header first: ~10 s for SmolLM2's file on a busy core, so
+    # one read per file version (path, mtime, size) serves the contract and every test.
     from gguf import GGUFReader
 
-    field = GGUFReader(str(gguf)).fields.get("tokenizer.chat_template")
+    field = GGUFReader(path).fields.get("tokenizer.chat_template")
     return field.contents() if field is not None else None
 
 
