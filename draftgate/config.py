@@ -203,6 +203,9 @@ class ReconstructParams:
     request_rules: list[Literal["drop_function_strict"]] = field(
         default_factory=lambda: ["drop_function_strict"])
     billing: BillingParams = field(default_factory=BillingParams)
+    # A completion whose seq-rep-4 (the share of its 4-grams of ids repeating an earlier one,
+    # reconstruct/degenerate.py) is above this is quarantined as `degenerate`; 1.0 keeps all.
+    max_repetition: Fraction = 0.7
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,10 @@ class TokensGateParams:
     max_mismatch_rate: Fraction = 0.5
     max_semantic: Count = 0
     max_quarantine_rate: Fraction = 0.05
+    # A kept row whose seq-rep-4, recomputed from its ids, is above this fails (reconstruct/degenerate.py).
+    max_repetition: Fraction = 0.7
+    # finish_reason length per dataset, from responses.parquet (the responses gate pools them).
+    max_dataset_length_rate: Fraction = 0.5
 
 
 @dataclass(frozen=True)

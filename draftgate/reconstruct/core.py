@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from draftgate.reconstruct import billing, prefix
 from draftgate.reconstruct.classify import compare, first_difference
+from draftgate.reconstruct.degenerate import repetition, tenth
 from draftgate.reconstruct.flags import Markers, flags, prompt_think_open
 from draftgate.reconstruct.logprobs import BytesIndex
 from draftgate.reconstruct.normalise import Dialect, normalise
@@ -49,6 +50,9 @@ class Setup:
     method: str = "auto"            # auto | text
     official: Any = None            # official.OfficialTemplate: prompts as the engine renders them
     request_rules: tuple[str, ...] = ()   # request.py: what providers change before templating
+    # reconstruct.max_repetition: a completion whose seq-rep-4 is above it is quarantined as
+    # `degenerate` (degenerate.py); 1.0 keeps every row.
+    max_repetition: float = 1.0
 
 
 @dataclass
@@ -101,6 +105,10 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
     work = []  # (row index, prompt, completion segments, completion plan, normalised)
     for i, (r, row) in enumerate(zip(responses, out.rows)):
         pid = r["prompt_id"]
+        # Per dataset, every response: the length-truncated rate the metrics report.
+        out.counts["responses_by_dataset"][str(row["dataset"])] += 1
+        if r.get("finish_reason") == "length":
+            out.counts["length_by_dataset"][str(row["dataset"])] += 1
         pr = by_prompt.get(pid)
         if pr is None:
             pr = by_prompt[pid] = _Prompt(prompts.get(pid), tmpl, setup.request_rules)
@@ -221,6 +229,11 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
             out.quarantine(row, "think_unbalanced", method)
         elif not f.tool_markers_balanced:
             out.quarantine(row, "tool_markers_unbalanced", method)
+        rep = repetition(final)
+        out.counts["repetition"][tenth(rep)] += 1
+        if rep > setup.max_repetition and row["quarantine_reason"] is None:
+            out.quarantine(row, "degenerate", f"seq-rep-4 {rep:.3f} > reconstruct.max_repetition "
+                                              f"{setup.max_repetition}")
     return out
 
 

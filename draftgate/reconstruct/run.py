@@ -56,7 +56,8 @@ def run(params: Any, request: ReconstructRequest) -> ReconstructRun:
     _rows(pq, request.prompts, "prompts")
     setup = Setup(tok, template, ids, thinking=params.template.thinking,
                   method=params.reconstruct.method, official=official,
-                  request_rules=tuple(params.reconstruct.request_rules))
+                  request_rules=tuple(params.reconstruct.request_rules),
+                  max_repetition=params.reconstruct.max_repetition)
     out = request.out / "tokens.parquet"
     result, billing, _ = reconstruct_files(request.responses, request.prompts, out, setup,
                                            params.reconstruct.on_billing_mismatch,
@@ -87,6 +88,12 @@ def run(params: Any, request: ReconstructRequest) -> ReconstructRun:
         "quarantine_examples": dict(result.examples), "billing": billing,
         # No timings in the file: an unchanged input gives a byte-identical metric.
         "completion_tokens": n_tokens,
+        # seq-rep-4 of every reconstructed completion, in tenths (degenerate.py); rows above
+        # reconstruct.max_repetition are quarantined as degenerate.
+        "repetition_tenths": dict(sorted(result.counts["repetition"].items())),
+        "length_rate_by_dataset": {
+            ds: round(result.counts["length_by_dataset"][ds] / n, 6)
+            for ds, n in sorted(result.counts["responses_by_dataset"].items())},
     })
     m.params = {"reconstruct": as_dict(params.reconstruct), "template": as_dict(params.template),
                 "tokenizer": as_dict(params.tokenizer)}
