@@ -3,7 +3,9 @@
 python -m stages.report --out reports/index.html --db reports/audit.duckdb
 
 The page the `draftgate report` command refreshes by hand (draftgate/lineage/report.py): the Data
-Docs link, each gate's verdict, every plot as inline SVG, the audit, the final artifacts' lineage.
+Docs site rebuilt from the gates' records (every gate with a data/gates/<suite>.details.json has its
+page, whether it reran or not), each gate's verdict beside its page, every plot as inline SVG, the
+audit, the final artifacts' lineage.
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate.io import write_text
-    from draftgate.lineage.report import build_page, repo_root
+    from draftgate.lineage.report import build_page, rebuild_data_docs, repo_root
     from draftgate.lineage.snapshot import RevisionError
 
     try:
         root = repo_root(args.repo)
         out = args.out if args.out.is_absolute() else root / args.out
         db = None if args.db is None else args.db if args.db.is_absolute() else root / args.db
-        page = build_page(root, out, not args.no_exp, db)
+        page = build_page(root, out, not args.no_exp, db, rebuild_data_docs(root))
     except RevisionError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2

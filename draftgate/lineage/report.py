@@ -3,7 +3,9 @@
     draftgate report                       # reports/index.html (+ reports/audit.duckdb, reports/audit.csv)
     draftgate report --out /tmp/r/index.html --no-exp
 
-It links the Data Docs site the gates write (reports/data_docs/index.html), shows every plot
+It rebuilds the Data Docs site (reports/data_docs/) from the gates' records, data/gates/*.details.json
+(draftgate/lineage/datadocs.py: every gate with a record has its page, whether it reran here or not), links
+each gate's page beside its verdict and the time of its record, shows every plot
 dvc.yaml declares as inline SVG drawn here from its CSV (`dvc plots show` renders with Vega loaded
 from a CDN, which an offline reader cannot fetch), each gate's verdict, the audit summary over
 every commit and experiment, and the lineage of each final artifact. No script, no remote URL:
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgate.lineage import lineage
+from draftgate.lineage.facts import details_path
 from draftgate.lineage.collect import collect, collect_all
 from draftgate.lineage.db import summary, write_db
 from draftgate.lineage.render import COMPACT, cell, render
@@ -31,6 +34,7 @@ from draftgate.lineage.snapshot import WORKSPACE, RevisionError, open_revision, 
 DEFAULT_OUT = "reports/index.html"
 REPORT_CMD = re.compile(r"(^|\s)(draftgate\s+report|-m\s+stages\.report)(\s|$)")     # this page's own stage: not an artifact to trace
 DATA_DOCS = "reports/data_docs/index.html"
+DATA_DOCS_SITE = "reports/data_docs"
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 640, 300, 56, 48, 28, 16
 COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
 
@@ -153,6 +157,16 @@ def _rel(target: Path, page_dir: Path) -> str:
     return Path(os.path.relpath(target, page_dir)).as_posix()
 
 
+class Link(str):
+    """A table cell that links a file: its text, and `href` relative to the page."""
+    href: str
+
+    def __new__(cls, text: str, href: str):
+        obj = super().__new__(cls, text)
+        obj.href = href
+        return obj
+
+
 def _table(rows: list[dict], cols: list[str]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = []
@@ -161,13 +175,29 @@ def _table(rows: list[dict], cols: list[str]) -> str:
         for c in cols:
             v = r.get(c)
             text = html.escape(cell(v, full=False))
+            if isinstance(v, Link):
+                text = f'<a href="{html.escape(v.href)}">{text}</a>'
             cls = ' class="pass"' if v is True else ' class="fail"' if v is False else ""
             tds.append(f"<td{cls}>{text}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
     return f"<div style=\"overflow-x:auto\"><table><tr>{head}</tr>{''.join(body)}</table></div>"
 
 
-def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | None = None) -> str:
+def rebuild_data_docs(root: Path) -> dict[str, tuple[str, Any]]:
+    """The Data Docs site from the workspace's gate records: {gate: (page relative to root, Record)}.
+    GX is imported only here (~3 s)."""
+    from draftgate.lineage import datadocs as site
+
+    pipe = Pipeline.at(open_revision(root, WORKSPACE))
+    gates = {st.name: details_path(st.metrics[0].path) for st in pipe.stages.values() if st.is_gate and st.metrics}
+    records = site.read_records(root, gates)
+    pages = site.rebuild(root / DATA_DOCS_SITE, records)
+    return {r.gate: (f"{DATA_DOCS_SITE}/{pages[r.gate]}", r) for r in records if r.gate in pages}
+
+
+def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | None = None,
+               docs_pages: dict[str, tuple[str, Any]] | None = None) -> str:
+    """`docs_pages`: rebuild_data_docs()'s answer, linked beside each gate; None: the site as it is."""
     page_dir = out.parent
     snap = open_revision(root, WORKSPACE)
     pipe = Pipeline.at(snap)
@@ -180,13 +210,17 @@ def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | 
     docs = root / DATA_DOCS
     parts.append("<h2>Gates</h2>")
     parts.append(f'<p><a href="{_rel(docs, page_dir)}">Data Docs</a>: every check of every gate, with its '
-                 "observed values.</p>" if docs.is_file() else
+                 "note, observed values and unexpected rows, rebuilt from the gates' records "
+                 "(data/gates/*.details.json).</p>" if docs.is_file() else
                  "<p class=muted>No Data Docs yet: the gate stages write them (`dvc repro`).</p>")
     rev = collect(snap)
     gate_rows = []
     for g in (rev.gates.values() if rev else []):
         figures = ", ".join(f"{k} {cell(v, False)}" for k, v in list(g["figures"].items())[:6])
-        gate_rows.append({"gate": g["gate"], "verdict": g["success"] if g["ran"] else None,
+        linked = (docs_pages or {}).get(g["gate"])
+        gate_rows.append({"gate": Link(g["gate"], _rel(root / linked[0], page_dir)) if linked else g["gate"],
+                          "recorded": f"{linked[1].run_time:%Y-%m-%d %H:%M:%S} UTC ({linked[1].run_name})" if linked else None,
+                          "verdict": g["success"] if g["ran"] else None,
                           "checks": g["checks"], "failed": g["failed"], "rows": g["rows"],
                           "suite": g["suite"], "suite md5": g["suite_md5"], "figures": figures,
                           "failures": "; ".join(g["failures"])})
@@ -257,12 +291,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the audit tables here (and its CSV beside it), linked from the page; '' for none")
     ap.add_argument("--no-exp", action="store_true", help="commits and the workspace only, no experiments")
     ap.add_argument("--repo", default=".", help="the project's root")
+    ap.add_argument("--no-docs", action="store_true", help="leave the Data Docs site as the gates left it")
     args = ap.parse_args(argv)
     try:
         root = repo_root(args.repo)
         out = Path(args.out) if Path(args.out).is_absolute() else root / args.out
         db = (Path(args.db) if Path(args.db).is_absolute() else root / args.db) if args.db else None
-        page = build_page(root, out, not args.no_exp, db)
+        pages = None if args.no_docs else rebuild_data_docs(root)
+        page = build_page(root, out, not args.no_exp, db, pages)
     except RevisionError as e:
         print(f"draftgate report: {e}", file=sys.stderr)
         return 2
