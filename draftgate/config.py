@@ -118,6 +118,12 @@ class PromptsParams:
     # max_position_embeddings (what vLLM and SGLang serve), else the tokenizer's declared
     # model_max_length, else no length check (the metrics say so).
     context_tokens: Tokens | None = None
+    # What the split hashes: the whole prompt (its id), or its normalised last user turn, so the
+    # same question under another system prompt or spacing lands on one side (prompts_contamination.py).
+    split_by: Literal["prompt", "last_user"] = "prompt"
+    # Estimated Jaccard similarity (MinHash LSH, character 5-grams of the conversation) at which a
+    # heldout prompt counts as a near duplicate of a train prompt, in metrics/prompts.json.
+    near_duplicate_threshold: Annotated[float, Range(ge=0.05, le=1.0)] = 0.8
 
 
 @dataclass(frozen=True)
@@ -213,6 +219,8 @@ class PromptsGateParams:
     max_rejects_rate: Fraction = 0.05
     min_heldout_fraction: Fraction = 0.03
     max_heldout_fraction: Fraction = 0.25
+    # Heldout prompts whose normalised last user turn a train prompt has (recounted by the suite).
+    max_contamination_rate: Fraction = 0.01
 
     def problems(self) -> list[tuple[str, str]]:
         if self.min_heldout_fraction > self.max_heldout_fraction:

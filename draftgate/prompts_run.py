@@ -38,10 +38,22 @@ def run(params: Any, request: PromptsRequest) -> PromptsRun:
     problem, limit = _render_problem(params)
     tally = ingest_to_files(records, pp, request.out, problem)
     metrics = prompts.stage_metrics(tally, pp, limit)
+    metrics.figures["contamination"] = _contamination(request.out / "prompts.parquet", pp.near_duplicate_threshold)
     summary = (f"prompts: {metrics.rows_in} records -> {metrics.rows_out} prompts "
                f"({metrics.figures['n_rejects']} rejected, {tally.n_duplicates} duplicates, "
                f"{metrics.figures['split']['heldout']} heldout)")
     return PromptsRun(metrics, summary)
+
+
+def _contamination(path: Path, threshold: float) -> dict:
+    """Heldout prompts that duplicate train prompts, read back from the written table a batch at a time."""
+    import pyarrow.parquet as pq
+
+    from draftgate.prompts_contamination import contamination
+
+    rows = (r for b in pq.ParquetFile(path).iter_batches(batch_size=8192, columns=["prompt_id", "split", "messages"])
+            for r in b.to_pylist())
+    return contamination(rows, threshold).to_dict(threshold)
 
 
 def _selected(files: list[Path], datasets: list[str] | None, raw: Path) -> list[Path]:

@@ -127,6 +127,14 @@ class _Desc:
 
 
 def _row(p: Prompt, params: PromptsParams) -> dict[str, Any]:
+    key = p.prompt_id
+    if params.split_by == "last_user":
+        # Same normalised question, same side of the split (prompts_contamination.py).
+        import json
+
+        from draftgate.prompts_contamination import group_key
+
+        key = group_key(json.loads(p.messages))
     return {"prompt_id": p.prompt_id, "dataset": p.dataset, "messages": p.messages, "tools": p.tools,
-            "split": split_of(p.prompt_id, params.split_seed, params.heldout_fraction), "source": p.source,
+            "split": split_of(key, params.split_seed, params.heldout_fraction), "source": p.source,
             "n_duplicates": 0}
