@@ -255,9 +255,15 @@ def _pass(prompt: list[int], canon: list[int], target_len: int | None, scorer: S
     # Exact log-likelihoods of the two best (from their first edit on, on the cached prefix).
     total = sum(lp)
     ranked = []
-    for edits in best:
+    for k, edits in enumerate(best):
         if not edits:
             ranked.append((total, edits))
+            continue
+        if k and not best[0]:
+            # The base won locally: it stays whatever the runner-up's exact score, so the runner-up
+            # is not re-scored (on exact rows that tail pass was ~40% of the search's tokens); its
+            # margin is the local one.
+            ranked.append((total + sum(w.delta for w in edits), edits))
             continue
         ids = _apply(canon, edits)
         first = edits[0].start
