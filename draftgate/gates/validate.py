@@ -28,6 +28,7 @@ from typing import Mapping
 
 from draftgate.gates.compute import Check, run_check
 from draftgate.gates.docs import KEEP_RUNS
+from draftgate.gates import evidence
 from draftgate.gates.merge import UNIQUE
 from draftgate.gates.result import expectation_entry, failure_line, metric, short
 from draftgate.gates.suite import (
@@ -116,17 +117,24 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
         run = gx_run.validate(gx_run.make_context(docs), suite.name, expectations, loaded.batches(size, unique),
                               asset=inputs[0].name, docs=docs, result_format=RESULT_FORMAT, meta=suite.meta,
                               keep=keep_runs, rows=lambda: loaded.batch_rows, duplicates=loaded.duplicates)
-        loaded.close()   # the connection's memory, before the result is built
+        # GX may reorder results; its ids map each back to the suite entry it came from.
+        position = {ident: i for i, ident in enumerate(run.ids)}
+        ranked = sorted(run.validation.results, key=lambda o: position[str(o.expectation_config.id)])
+        specs = [suite.expectations[position[str(o.expectation_config.id)]] for o in ranked]
+        entries = [expectation_entry(s, o) for s, o in zip(specs, ranked)]
         gx_total = lap("gx_cpu_s")
+        # A failed check's first offending rows with their keys: one more pass over the table, on failure only.
+        rows = evidence.offending_rows(loaded, {k: s for k, (s, e) in enumerate(zip(specs, entries))
+                                                if evidence.wanted(s, e)})
+        for k, found in rows.items():
+            entries[k]["offending_rows"] = found
+        timings["evidence_s"] = lap()
+        loaded.close()   # the connection's memory, before the result is built
         timings.update(gx_setup_s=run.timings["gx_setup_s"], gx_run_s=run.timings["gx_run_s"],
                        batches=run.timings["batches"],
                        gx_s=gx_total - run.timings["gx_docs_s"],  # context, suite, validation: the verdict
                        docs_s=run.timings["gx_docs_s"])          # pruning, rebuilding the site, offline assets
         timings["gx_cpu_s"] -= run.timings["gx_docs_cpu_s"]
-        # GX may reorder results; its ids map each back to the suite entry it came from.
-        position = {ident: i for i, ident in enumerate(run.ids)}
-        ranked = sorted(run.validation.results, key=lambda o: position[str(o.expectation_config.id)])
-        entries = [expectation_entry(suite.expectations[position[str(o.expectation_config.id)]], o) for o in ranked]
         stats = run.validation.statistics
         result = {
             "suite": suite.name,

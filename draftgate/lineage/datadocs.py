@@ -134,6 +134,10 @@ def rebuild(site: Path, records: list[Record]) -> dict[str, str]:
     return pages
 
 
+def _text(v):
+    return v if v is None or isinstance(v, str) else json.dumps(v)
+
+
 def _outcome(entry: dict, config, cls):
     """A GX result from one record entry: the figures GX's renderers read, as the gate saw them."""
     result = {}
@@ -143,6 +147,15 @@ def _outcome(entry: dict, config, cls):
         sample = [v for v in entry.get("unexpected_sample") or [] if not (isinstance(v, str) and v.startswith("... ("))]
         result.update(element_count=entry.get("element_count"), unexpected_count=entry["unexpected_count"],
                       unexpected_percent=entry.get("unexpected_percent"), partial_unexpected_list=sample)
+    column = (entry.get("kwargs") or {}).get("column")
+    rows = [r for r in entry.get("offending_rows") or [] if isinstance(r, dict) and column in r]
+    if rows:    # GX's table of unexpected values with the rows' keys (its ID/PK columns)
+        import collections
+
+        counts = collections.Counter(_text(r[column]) for r in rows)
+        result.update(partial_unexpected_counts=[{"value": v, "count": c} for v, c in counts.items()],
+                      unexpected_index_list=[{k: _text(v) for k, v in r.items()} for r in rows],
+                      unexpected_index_column_names=[k for k in rows[0] if k != column])
     info = {"raised_exception": bool(entry.get("exception")), "exception_message": entry.get("exception"),
             "exception_traceback": None}
     return cls(success=bool(entry.get("success")), expectation_config=config, result=result, exception_info=info)

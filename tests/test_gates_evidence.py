@@ -1,0 +1,47 @@
+"""A failed check names its offending rows: keys and value, in the result file and on the Data Docs page."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+
+from draftgate.lineage import datadocs
+from test_reconstruct_gate import edit, good_rows, names, qwen3_id, run_gate  # noqa: F401  (good_rows: a fixture)
+
+
+def corrupted(tmp_path, tok, rows):
+    """Two kept rows get a stray </think>: only the ids change, every flag reconstruct wrote stays."""
+    def corrupt(t):
+        for pid in ("p0", "p2"):
+            t = edit(t, pid, completion=lambda c: c[:1] + [qwen3_id(tok, "</think>")] + c[1:])
+        return t
+    code, failed, _ = run_gate(tmp_path, tok, "qwen3", names(tok, "qwen3"), *rows, corrupt=corrupt)
+    return code, failed, json.loads((tmp_path / "r.json").read_text())
+
+
+def test_a_corrupted_tokens_table_names_each_offending_row_with_its_keys(tmp_path, qwen3_tok, good_rows):
+    code, failed, result = corrupted(tmp_path, qwen3_tok, good_rows)
+
+    assert code == 1 and "kept_think_unbalanced" in failed
+    [check] = [e for e in result["expectations"] if e["kwargs"].get("column") == "kept_think_unbalanced"]
+    assert check["offending_rows"] == [
+        {"prompt_id": "p0", "dataset": "chat", "kept_think_unbalanced": "p0"},
+        {"prompt_id": "p2", "dataset": "chat", "kept_think_unbalanced": "p2"}]
+    # Passing checks pay no second pass and carry none.
+    assert all("offending_rows" not in e for e in result["expectations"] if e["success"])
+
+
+def test_the_page_rebuilt_from_that_record_shows_the_rows_in_gxs_table_of_unexpected_values(
+        tmp_path, qwen3_tok, good_rows):
+    _, _, result = corrupted(tmp_path, qwen3_tok, good_rows)
+    record = tmp_path / "tokens.details.json"
+    record.write_text(json.dumps(result))
+    when = dt.datetime(2026, 12, 2, 1, 0, tzinfo=dt.timezone.utc)
+
+    pages = datadocs.rebuild(tmp_path / "site", [datadocs.Record("gate_tokens", record, result, "workspace", when)])
+
+    page = (tmp_path / "site" / pages["gate_tokens"]).read_text(encoding="utf-8")
+    text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    # GX's own table: each unexpected value, its count, and the rows' keys as its ID columns.
+    assert "Unexpected Value Count dataset prompt_id p0 1 chat p0 p2 1 chat p2" in text
