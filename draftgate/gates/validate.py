@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None, checks: Mapping[str, Check] | None = Non
     for i, e in enumerate(r["expectations"]):
         if not e["success"]:
             print(failure_line(i, e))
+            for row in e.get("offending_rows", []):
+                print("      row: " + ", ".join(f"{k}={v!r}" for k, v in row.items()))
     for path in (args.metric, args.result):
         if path:
             print(f"  wrote {path}")
