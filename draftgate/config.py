@@ -259,6 +259,8 @@ class TokensGateParams:
     max_repetition: Fraction = 0.7
     # finish_reason length per dataset, from responses.parquet (the responses gate pools them).
     max_dataset_length_rate: Fraction = 0.5
+    # Kept completions holding an empty think block (blank ids between the think markers).
+    max_empty_reasoning_rate: Fraction = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
 """Degenerate completions: seq-rep-4 on ids, the `degenerate` quarantine, and the tokens gate's own
-recount of it and of the length-truncated rate per dataset (expectations/tokens.json)."""
+recount of it, of the length-truncated rate per dataset and of empty reasoning blocks trained on
+(expectations/tokens.json)."""
 
 from __future__ import annotations
 
+import json
+
 from draftgate.reconstruct.core import Setup
 from draftgate.reconstruct.degenerate import repetition, tenth
-from draftgate.templates import get_template
+from draftgate.templates import encode_segments, get_template
 from reconstruct_fixtures import reconstruct_tables
-from test_reconstruct_gate import names, prompt, resp, run_gate, served_prompt, tables
+from test_reconstruct_gate import gate, names, prompt, resp, run_gate, served_prompt, tables
 
 LOOP = "I am a bot. " * 12
 PLAIN = ("Paris is the capital of France. It sits on the Seine, and about two million people "
@@ -73,4 +76,23 @@ def test_the_tokens_gate_fails_a_dataset_mostly_cut_at_max_tokens(tmp_path, qwen
     code, failed, _ = run_gate(tmp_path, qwen3_tok, "qwen3", ids, rows, prompts, max_dataset_length_rate=0.5)
     assert code == 1 and failed == {"dataset_length_rate"}
     code, failed, _ = run_gate(tmp_path, qwen3_tok, "qwen3", ids, rows, prompts, max_dataset_length_rate=1.0)
+    assert (code, failed) == (0, set())
+
+
+def test_the_tokens_gate_fails_empty_reasoning_blocks_trained_on_unless_allowed(tmp_path, qwen3_tok):
+    # Qwen3 thinking on: the model wrote <think>\n\n</think> into its completion (it chose not to
+    # think); the drafter would learn to skip thinking. A real reasoning block is fine.
+    rows, prompts, ids = [], [], names(qwen3_tok, "qwen3")
+    for k, (reasoning, text) in enumerate([("", "Hello!"), ("Think.", "Hi."), ("Greet back.", "Hello there.")]):
+        truth = qwen3_tok.encode(f"<think>\n{reasoning}\n</think>\n\n{text}<|im_end|>")   # "" -> <think>\n\n</think>
+        prompts.append(prompt(f"p{k}"))
+        served = encode_segments(qwen3_tok, [get_template("qwen3").render_prompt(
+            json.loads(prompts[-1]["messages"]), None, True)], ids)[0]
+        rows.append({**resp(f"p{k}", text, truth, len(truth), served), "reasoning": reasoning})
+    responses, prompts_t = tables(rows, prompts)
+    table, _, _ = reconstruct_tables(responses, prompts_t, Setup(qwen3_tok, get_template("qwen3"), ids, True))
+    assert table.column("quarantine_reason").null_count == 3 and table.column("match").to_pylist() == ["exact"] * 3
+    code, failed = gate(tmp_path, qwen3_tok, table, responses, "qwen3", ids, prompts_t)
+    assert code == 1 and failed == {"empty_reasoning_rate"}
+    code, failed = gate(tmp_path, qwen3_tok, table, responses, "qwen3", ids, prompts_t, max_empty_reasoning_rate=0.5)
     assert (code, failed) == (0, set())
