@@ -52,7 +52,7 @@ def test_each_declared_plot_is_an_inline_svg_and_the_audit_lists_every_revision(
     repo, index = page
     html = index.read_text(encoding="utf-8")
     assert html.count("<svg") == 2                             # plots/mismatch.csv and plots/loss.csv
-    assert "<polyline" in html and "<rect" in html             # loss by step: a line; mismatch by dataset: bars
+    assert "mark-line" in html and "mark-rect" in html         # loss by step: a line; mismatch by dataset: bars
     for run in ("seed3", "workspace", repo.run("git", "rev-parse", "--short=8", "HEAD").stdout.strip()):
         assert f"<td>{run}</td>" in html
     assert "gate_tokens" in html and "data/drafter" in html   # gate verdicts; the final artifact's lineage
@@ -79,13 +79,29 @@ def test_headless_chromium_renders_the_page_and_the_data_docs_rebuilt_from_the_r
     assert ("text-success" in row) == (verdict == "pass")
 
 
-def test_a_categorical_x_draws_bars_and_a_numeric_x_draws_a_line():
-    bars = report.svg_chart("m", [{"dataset": "chat", "rate": "0.05"}, {"dataset": "code", "rate": "0.15"}],
-                            "dataset", ["rate"])
-    assert bars.count("<rect") == 2 + 1 and "<polyline" not in bars      # two bars and a legend swatch
-    line = report.svg_chart("loss", [{"step": str(s), "loss": str(1 / (s + 1))} for s in range(4)], "step", ["loss"])
-    assert "<polyline" in line and line.count(",") >= 4
-    assert "no numeric data" in report.svg_chart("e", [], "x", ["y"])
+def test_a_categorical_x_draws_bars_with_their_values_and_a_numeric_x_draws_a_line():
+    bars = report.vega_spec({"path": "m.csv", "x": "dataset", "y": "rate"},
+                            ["dataset", "rate"], [{"dataset": "chat", "rate": "0.05"}, {"dataset": "code", "rate": "0.15"}])
+    assert [layer["mark"]["type"] for layer in bars["layer"]] == ["bar", "text"]
+    svg = report.render_svg(bars)
+    assert svg.count('class="mark-rect') == 1 and ">0.05<" in svg and ">0.15<" in svg
+    line = report.vega_spec({"path": "loss.csv", "x": "step", "y": "loss"}, ["step", "loss"],
+                            [{"step": str(s), "loss": str(1 / (s + 1))} for s in range(4)])
+    assert line["layer"][0]["mark"]["type"] == "line" and line["layer"][0]["encoding"]["x"]["type"] == "quantitative"
+    assert report.vega_spec({"path": "e.csv", "x": "x", "y": "y"}, ["x", "y"], []) is None
+
+
+def test_a_long_table_draws_one_line_per_series_with_a_legend():
+    # plots/eval_per_position.csv: one row per (position, setting); drawn once as one zigzag line.
+    rows = [{"position": str(p), "setting": s, "acceptance_rate": str(r)}
+            for s, rates in (("eagle3", (0.19, 0.03)), ("ngram", (0.86, 0.76))) for p, r in zip((1, 2), rates)]
+    spec = report.vega_spec({"path": "e.csv", "x": "position", "y": "acceptance_rate"},
+                            ["position", "setting", "acceptance_rate"], rows)
+    assert spec["layer"][0]["encoding"]["color"]["field"] == "setting"
+    svg = report.render_svg(spec)
+    assert svg.count('class="mark-line') == 2                                  # a line per series
+    assert ">eagle3<" in svg and ">ngram<" in svg                                # the legend
+    assert ">1.5<" not in svg                                                  # integer positions: integer ticks
 
 
 def test_plot_columns_follow_dvc_yaml_or_default_to_every_numeric_column():
@@ -120,4 +136,5 @@ def test_json_plots_are_read_as_dvc_reads_them(tmp_path):
     nested = tmp_path / "nested.json"
     nested.write_text('{"train": [{"step": 0, "acc": 0.5}]}')
     assert report.read_plot(nested) == (["step", "acc"], [{"step": 0, "acc": 0.5}])
-    assert "<polyline" in report.svg_chart("loss", report.read_plot(curve)[1], "step", ["loss"])
+    assert report.vega_spec({"path": "loss.json", "x": "step", "y": "loss"}, *report.read_plot(curve))["data"]["values"] == [
+        {"step": 0.0, "loss": 3.0}, {"step": 1.0, "loss": 2.0}]
