@@ -45,3 +45,26 @@ def test_the_page_rebuilt_from_that_record_shows_the_rows_in_gxs_table_of_unexpe
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
     # GX's own table: each unexpected value, its count, and the rows' keys as its ID columns.
     assert "Unexpected Value Count dataset prompt_id p0 1 chat p0 p2 1 chat p2" in text
+
+
+def test_each_rule_finds_the_rows_gx_counted_with_their_keys(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftgate.gates.suite import Suite, ExpectationSpec
+    from draftgate.gates.table import Input
+    from draftgate.gates.validate import run_gate
+
+    pq.write_table(pa.table({"prompt_id": ["a", "b", "c", "d"], "dataset": ["x", "x", "y", None],
+                             "h": ["00ff", "zz", None, "12"], "n": [1, 5, 2, 9]}), tmp_path / "t.parquet")
+    checks = (("expect_column_values_to_match_regex", {"column": "h", "regex": "^[0-9a-f]{4}$"}),
+              ("expect_column_values_to_be_between", {"column": "n", "min_value": 0, "max_value": 4}),
+              ("expect_column_values_to_be_in_set", {"column": "dataset", "value_set": ["x"]}))
+    suite = Suite(name="t", path="t.json", sha256="", params_section="t",
+                  expectations=tuple(ExpectationSpec(t, kw) for t, kw in checks))
+
+    entries = run_gate(suite, [Input("t", str(tmp_path / "t.parquet"))]).result["expectations"]
+
+    assert [e["unexpected_count"] for e in entries] == [2, 2, 1]
+    assert [[r["prompt_id"] for r in e["offending_rows"]] for e in entries] == [["b", "d"], ["b", "d"], ["c"]]
+    assert entries[1]["offending_rows"][0] == {"prompt_id": "b", "dataset": "x", "n": 5}

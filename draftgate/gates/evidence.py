@@ -44,7 +44,8 @@ RULES: dict[str, Callable[[Any, dict], Any]] = {
     "expect_column_values_to_not_be_in_set": lambda s, kw: s.notna() & s.isin(list(kw.get("value_set") or [])),
     "expect_column_values_to_be_between": _between,
     "expect_column_values_to_match_regex":
-        lambda s, kw: s.notna() & ~s.astype(str).map(lambda x: re.search(kw["regex"], x) is not None).astype(bool),
+        lambda s, kw: s.notna() & ~s.map(lambda x: isinstance(x, str) and re.search(kw["regex"], x) is not None,
+                                         na_action="ignore").fillna(True).astype(bool),
 }
 
 
@@ -74,12 +75,16 @@ def offending_rows(loaded: Any, failed: dict[int, Any], n: int = SAMPLE) -> dict
         for i, spec in failed.items():
             if len(found[i]) >= n:
                 continue
-            bad = RULES[spec.type](frame[spec.kwargs["column"]], spec.kwargs)
+            try:
+                bad = RULES[spec.type](frame[spec.kwargs["column"]], spec.kwargs)
+            except (TypeError, ValueError, re.error):   # a column this rule cannot read: the verdict
+                found[i] = [None] * n                    # and GX's sample stand, without rows
+                continue
             for _, row in frame.loc[bad.to_numpy(dtype=bool), shown[i]].head(n - len(found[i])).iterrows():
                 found[i].append({c: short(_plain(row[c])) for c in shown[i]})
         if all(len(v) >= n for v in found.values()):
             break
-    return {i: rows for i, rows in found.items() if rows}
+    return {i: rows for i, rows in found.items() if rows and rows[0] is not None}
 
 
 def _plain(v: Any) -> Any:

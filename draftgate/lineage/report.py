@@ -42,7 +42,7 @@ h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #dd
 table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ddd;padding:2px 6px;text-align:left}
 th{background:#f4f4f4}.pass{color:#1a7f37}.fail{color:#cf222e;font-weight:bold}
 pre{background:#f6f8fa;padding:.8em;overflow-x:auto;font-size:12px}.plot{margin:1em 0}
-.muted{color:#666}svg text{font:11px system-ui,sans-serif}
+.muted{color:#666}
 """
 
 
