@@ -45,6 +45,10 @@ def test_the_page_rebuilt_from_that_record_shows_the_rows_in_gxs_table_of_unexpe
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
     # GX's own table: each unexpected value, its count, and the rows' keys as its ID columns.
     assert "Unexpected Value Count dataset prompt_id p0 1 chat p0 p2 1 chat p2" in text
+    # The suite's page, rebuilt from the record too, explains each check with the note it ran under.
+    suite = " ".join(re.sub(r"<[^>]+>", " ", (tmp_path / "site" / "expectations" / "tokens.html").read_text()).split())
+    [note] = [e["meta"]["notes"] for e in result["expectations"] if e["kwargs"].get("column") == "kept_think_unbalanced"]
+    assert note.split(":")[0] in suite
 
 
 def test_each_rule_finds_the_rows_gx_counted_with_their_keys(tmp_path):
