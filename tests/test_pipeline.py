@@ -71,6 +71,7 @@ def small_repo(tmp_path_factory) -> Path:
     # 24 new tokens truncate nearly every answer: fine for plumbing, not what the gate defaults expect.
     gates = yaml.safe_load((repo / "params.yaml").read_text())["gates"]
     gates["responses"]["max_length_rate"] = 1.0
+    gates["tokens"]["max_dataset_length_rate"] = 1.0
     # A drafter trained on 11 answers of 24 tokens learns next to nothing: the plumbing must run end
     # to end, but the acceptance floor is for real training data (tests/test_eval_gate.py checks it).
     gates["eval"]["min_acceptance_length"] = 1.0
