@@ -99,11 +99,12 @@ def test_a_sample_whose_ids_disagree_with_the_tokens_table_fails_the_gate(world)
 
 def test_features_vllm_captured_at_other_layers_fail_the_reextraction(world):
     # vLLM launched with [3, 15, 27] while the params (and the import) expect [2, 15, 27]:
-    # the manifest then claims the expected layers, and only the gate's own forward pass can tell.
+    # the manifest then claims the expected layers, and only the gate's own forward passes can tell.
     hs, dataset = speculators_files(world["root"], world["kept"], order=[0, 1, 2], layers=[3, 15, 27], name="_l3")
     out = world["root"] / "imported_wrong_layers"
     from stages.import_hidden import main
 
     assert main(["--params", str(world["params"]), "--hs", str(hs), "--dataset", str(dataset),
                  "--tokens", str(world["tokens"]), "--out", str(out)]) == 0
-    assert failed(run_hidden_gate(out, world["tokens"], world["params"])) == {"reextraction_differs"}
+    # Every row's first-layers check sees it too (the lowest aux slot is not layer 2 of this row).
+    assert failed(run_hidden_gate(out, world["tokens"], world["params"])) == {"reextraction_differs", "aux_not_this_row"}
