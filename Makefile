@@ -52,7 +52,7 @@ bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 docs: setup
-	@echo "Data Docs: reports/data_docs/index.html (written by every gate stage)"
+	@echo "Data Docs: reports/data_docs/index.html (rebuilt by the report stage from every gate's record in data/gates/)"
 
 clean:
 	rm -rf $(VENV) $(IVENV) .pytest_cache .hypothesis
