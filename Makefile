@@ -32,8 +32,10 @@ repro: setup
 	dvc repro
 	@echo "Data Docs: reports/data_docs/index.html"
 
-test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+# The interop tests run here too (DRAFTGATE_INTEROP=required: a missing side environment fails,
+# never skips), so one pytest run checks everything.
+test: setup interop
+	DRAFTGATE_INTEROP=required $(PY) -m pytest -q -n 2 --dist loadfile
 
 $(ISTAMP): interop/requirements.txt
 	test -x $(IPY) || python3 -m venv $(IVENV)

@@ -2,9 +2,9 @@
 interop), agree with draftgate's forward; a renamed key, a dropped tensor, a wrong
 norm_before_residual or a missing embedding fails that check.
 
-The side environment is ~1.5 GB, so `make test` skips these when .venv-interop is absent;
-`make interop-check` (run by .ci/run) sets DRAFTGATE_INTEROP=required, which turns a missing
-environment into a failure. One reference (interop/reference.py, in this process) and one run
+`make test` builds the side environment (~1.5 GB, once: its stamp) and sets
+DRAFTGATE_INTEROP=required, which turns a missing environment into a failure; a bare `pytest`
+outside make skips these with the command to run. One reference (interop/reference.py, in this process) and one run
 of interop/check.py (the side Python, ~25 s) serve every test.
 """
 
