@@ -50,22 +50,27 @@ def argv(paths: dict[str, str]) -> list[str]:
     return [x for k in ("params", "prompts", "gate", "out", "metrics") for x in (f"--{k}", paths[k])]
 
 
+def kill_generate_once(paths: dict, journal: Path, enough) -> None:
+    """Run the stage in its own process and SIGKILL it once `enough(journal bytes)` holds."""
+    proc = subprocess.Popen([sys.executable, "-m", "stages.generate", *argv(paths)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and enough(journal.read_bytes()):
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 def test_sigkill_mid_run_then_rerun_loses_nothing_duplicates_nothing_and_tolerates_a_torn_line(tmp_path):
     script = Script(fault_rate=0.1, faults=tuple(f for f in RETRYABLE_FAULTS if f != "timeout"),
                     delay_s=(0.02, 0.08), retry_after_s=0.01)
     with running(script) as server:
         paths = workspace(tmp_path, 400, base_url=server.base_url)
         journal = Path(paths["out"]) / "journal.jsonl"
-        proc = subprocess.Popen([sys.executable, "-m", "stages.generate", *argv(paths)], cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            if journal.exists() and journal.read_bytes().count(b"\n") >= 80:
-                break
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill_generate_once(paths, journal, lambda data: data.count(b"\n") >= 80)
         before = read_journal(journal).records
         assert 80 <= len(before) < 400, "the kill must land mid-run"
         with open(journal, "ab") as f:                # a crash mid-write leaves a partial line
@@ -296,16 +301,7 @@ def test_after_a_sigkill_the_rerun_counts_the_requests_in_flight_at_their_worst_
     with running(Script(delay_s=(0.2, 0.4), cost_usd=0.0004)) as server:
         paths = workspace(tmp_path, 120, base_url=server.base_url, **priced)
         journal = Path(paths["out"]) / "journal.jsonl"
-        proc = subprocess.Popen([sys.executable, "-m", "stages.generate", *argv(paths)], cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            if journal.exists() and journal.read_bytes().count(b'"status":"ok"') >= 10:
-                break
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill_generate_once(paths, journal, lambda data: data.count(b'"status":"ok"') >= 10)
         killed = read_journal(journal)
         finished = {r["prompt_id"] for r in killed.records}
         # Requests the server took whose answer no line holds: each one was reserved first.
