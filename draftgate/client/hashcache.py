@@ -21,20 +21,13 @@ from typing import Callable
 
 from draftgate.client.request import Prompt, build_body, request_hash
 from draftgate.config import GenerateParams
+from draftgate.io import file_sha256
 
 SAMPLE = 32   # hashes recomputed from the prompts before the cache is trusted
 
 
 def cache_path(journal: str | Path) -> Path:
     return Path(f"{journal}.hashes")
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def cache_key(prompts_sha256: str, rows: int, params: GenerateParams, identity: dict[str, str] | None) -> str:
