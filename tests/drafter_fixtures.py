@@ -89,6 +89,17 @@ def shared_target():
     return _CACHE["target"]
 
 
+def shared_trained(ws: Workspace, tmp_path_factory, epochs: int = 3) -> Path:
+    """One trained drafter per session and workspace (its exports under `<out>/drafter`), for tests
+    that only read it or copy it before they change it."""
+    key = ("trained", ws.hidden, epochs)
+    if key not in _CACHE:
+        out = tmp_path_factory.mktemp(f"trained_{epochs}")
+        assert train_into(ws, out, ws.params(epochs=epochs)) == 0
+        _CACHE[key] = out
+    return _CACHE[key]
+
+
 def train_into(ws: Workspace, out: Path, params: Path, **kw) -> int:
     """The train stage with the shared target: draftgate/drafter/run.py's run, then what
     stages/train.py writes of it (the gate's verdict is the stage's check, tested there)."""

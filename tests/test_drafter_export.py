@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from drafter_fixtures import shared_workspace, train_into
+from drafter_fixtures import shared_trained, shared_workspace
 from draftgate.drafter import export as ex
 
 
@@ -21,9 +21,7 @@ def ws(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(ws, tmp_path_factory):
-    out = tmp_path_factory.mktemp("export")
-    assert train_into(ws, out, ws.params(epochs=3)) == 0
-    return out
+    return shared_trained(ws, tmp_path_factory)
 
 
 def layers(ws) -> dict:

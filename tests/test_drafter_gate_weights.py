@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from drafter_fixtures import shared_workspace, train_into
+from drafter_fixtures import shared_trained, shared_workspace
 from draftgate.drafter import export as ex
 
 
@@ -27,9 +27,7 @@ def ws(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(ws, tmp_path_factory):
-    out = tmp_path_factory.mktemp("gate_weights")
-    assert train_into(ws, out, ws.params(epochs=3)) == 0
-    return out
+    return shared_trained(ws, tmp_path_factory)
 
 
 def gate(ws, trained: Path, tmp: Path, sglang: Path | None = None, speculators: Path | None = None) -> tuple[int, set, dict]:

@@ -156,13 +156,25 @@ def three(smollm2_tok):
     return [chat_prompt(smollm2_tok, t) for t in PROMPTS]          # different lengths: left padding
 
 
-@pytest.mark.parametrize("name", ["oracle", "ngram", "eagle3_untrained"])
-def test_prompts_decoded_together_give_each_prompts_greedy_output(name, target, three, end_ids):
-    from draftgate.evaluate.loop import greedy_decode, greedy_decode_batch, speculative_decode_batch
+@pytest.fixture(scope="module")
+def alone(target, three, end_ids):
+    """Each prompt's greedy output, decoded on its own: what every batched decode must give."""
+    from draftgate.evaluate.loop import greedy_decode
 
-    alone = [greedy_decode(target.model, "cpu", p, NEW, end_ids) for p in three]
+    return [greedy_decode(target.model, "cpu", p, NEW, end_ids) for p in three]
+
+
+def test_prompts_decoded_greedily_together_give_each_prompts_own_output(target, three, end_ids, alone):
+    from draftgate.evaluate.loop import greedy_decode_batch
+
     together = greedy_decode_batch(target.model, "cpu", three, NEW, end_ids)
     assert [g.ids for g in together] == [g.ids for g in alone]
+
+
+@pytest.mark.parametrize("name", ["oracle", "ngram", "eagle3_untrained"])
+def test_prompts_decoded_together_give_each_prompts_greedy_output(name, target, three, end_ids, alone):
+    from draftgate.evaluate.loop import speculative_decode_batch
+
     layers = proposer(name, target)[1]
     runs = speculative_decode_batch(target.model, "cpu", three, [proposer(name, target)[0] for _ in three],
                                     K, NEW, end_ids, layers)
