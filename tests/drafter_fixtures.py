@@ -100,6 +100,27 @@ def shared_trained(ws: Workspace, tmp_path_factory, epochs: int = 3) -> Path:
     return _CACHE[key]
 
 
+def run_drafter_gate(ws: Workspace, trained: Path, tmp: Path, sglang: Path | None = None,
+                     speculators: Path | None = None) -> tuple[int, set, dict]:
+    """The drafter gate as dvc.yaml runs it (its stage, which hands the engine the drafter check) on
+    `trained`'s exports, or on the layouts given: (exit code, failed checks, the result)."""
+    import json
+
+    from stages.gate_drafter import main as validate
+
+    params = ws.params("gate.yaml", epochs=3)
+    suite = Path(__file__).resolve().parents[1] / "expectations" / "drafter.json"
+    rc = validate([str(suite), str((sglang or trained / "drafter" / "sglang") / "config.json"),
+                   "--input", f"speculators={(speculators or trained / 'drafter' / 'speculators') / 'config.json'}",
+                   "--input", f"hidden={ws.hidden}", "--input", f"tokens={ws.tokens}",
+                   "--input", f"loss={trained / 'drafter' / 'loss_curve.json'}",
+                   "--params", str(params), "--no-docs", "--result", str(tmp / "result.json")])
+    result = json.loads((tmp / "result.json").read_text())
+    failed = {e["kwargs"].get("column", e["type"]) for e in result.get("expectations", []) if not e["success"]}
+    assert rc in (0, 1), result.get("error")
+    return rc, failed, result
+
+
 def train_into(ws: Workspace, out: Path, params: Path, **kw) -> int:
     """The train stage with the shared target: draftgate/drafter/run.py's run, then what
     stages/train.py writes of it (the gate's verdict is the stage's check, tested there)."""

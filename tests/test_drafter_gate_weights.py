@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from drafter_fixtures import shared_trained, shared_workspace
+from drafter_fixtures import run_drafter_gate, shared_trained, shared_workspace
 from draftgate.drafter import export as ex
 
 
@@ -31,18 +31,7 @@ def trained(ws, tmp_path_factory):
 
 
 def gate(ws, trained: Path, tmp: Path, sglang: Path | None = None, speculators: Path | None = None) -> tuple[int, set, dict]:
-    from stages.gate_drafter import main as validate
-
-    params = ws.params("gate.yaml", epochs=3)
-    suite = Path(__file__).resolve().parents[1] / "expectations" / "drafter.json"
-    rc = validate([str(suite), str((sglang or trained / "drafter" / "sglang") / "config.json"),
-                   "--input", f"speculators={(speculators or trained / 'drafter' / 'speculators') / 'config.json'}",
-                   "--input", f"hidden={ws.hidden}", "--input", f"tokens={ws.tokens}",
-                   "--input", f"loss={trained / 'drafter' / 'loss_curve.json'}",
-                   "--params", str(params), "--no-docs", "--result", str(tmp / "result.json")])
-    result = json.loads((tmp / "result.json").read_text())
-    failed = {e["kwargs"].get("column", e["type"]) for e in result.get("expectations", []) if not e["success"]}
-    assert rc in (0, 1), result.get("error")
+    rc, failed, result = run_drafter_gate(ws, trained, tmp, sglang, speculators)
     return rc, failed, result["computed"]["report"]
 
 
