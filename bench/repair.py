@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from draftgate.repair.params import RepairParams
+    from draftgate.config import RepairParams
     from draftgate.repair.score import HFScorer, Sampling
     from draftgate.repair.search import Vocab, search
     from draftgate.serve.model import load, smollm2_tokenizer

@@ -215,6 +215,41 @@ class ReconstructParams:
 
 
 @dataclass(frozen=True)
+class RepairParams:
+    # Exact ids from text (draftgate/repair/, docs/repair.md): the tokenization of each text-method
+    # row that the target most likely sampled, held to the billed length.
+    # hf: the target in process (hidden.kind / hidden.path: the same weights the hidden stage
+    # loads); vllm: any vLLM server, or `draftgate serve` (/v1/completions with prompt_logprobs);
+    # sglang: SGLang's native /generate. off: the stage copies the tokens table unchanged.
+    backend: Literal["hf", "vllm", "sglang", "off"] = "hf"
+    base_url: str | None = None
+    model: str | None = None                  # the served name (vllm); null = the server's only one
+    top_logprobs: Annotated[int, Range(ge=1, le=20)] = 20    # HTTP backends: raw top-k per position
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Sampling the rows were drawn with: null takes generate's (temperature, top_p); top_k 0 = off.
+    temperature: Annotated[float, Range(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Range(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Range(ge=0)] = 0
+    # Search (search.py): a token the canonical prefix gives less than min_branch_prob (at the
+    # sampling temperature, inside the nucleus) is not branched into.
+    min_branch_prob: Fraction = 0.01
+    # ... unless it has at least min_branch_ratio of the canonical token's probability: where the
+    # model is unsure (the canonical token itself at 0.016), a sampled split can be at 0.006.
+    min_branch_ratio: Fraction = 0.1
+    window_tokens: Annotated[int, Range(ge=1, le=16)] = 4     # tokens of a candidate window
+    window_candidates: Positive = 16          # windows per branch point (a whitespace run's cap)
+    row_candidates: Positive = 512            # windows scored per row; past it: reason `budget`
+    rejoin_tokens: Annotated[int, Range(ge=0, le=8)] = 1       # canonical tokens scored after a window
+    max_length_delta: Annotated[int, Range(ge=1, le=64)] = 8  # |billed - canonical| searched
+    # A choice whose log-likelihood beats the runner-up by less than this (nats) is `ambiguous`:
+    # the row keeps its ids.
+    ambiguous_margin: Annotated[float, Range(ge=0.0)] = 1.0
+    # Passes: each re-searches around the previous choice (edits that pay only together).
+    passes: Annotated[int, Range(ge=1, le=8)] = 3
+    branch_tokens: Positive = 1024            # HF: branch tokens per tree-masked forward
+
+
+@dataclass(frozen=True)
 class PromptsGateParams:
     max_rejects_rate: Fraction = 0.05
     min_heldout_fraction: Fraction = 0.03
@@ -261,6 +296,18 @@ class TokensGateParams:
     max_dataset_length_rate: Fraction = 0.5
     # Kept completions holding an empty think block (blank ids between the think markers).
     max_empty_reasoning_rate: Fraction = 0.0
+
+
+@dataclass(frozen=True)
+class RepairGateParams:
+    # Recomputed by expectations/repair.json from the ids before and after, the vocabulary bytes
+    # and the backend's own fields. Rows with ground truth (a backend that returns ids) whose text
+    # ids differ from it only in the split: the share exact after repair, at least this.
+    min_made_exact_share: Fraction = 1.0
+    # Kept rows with a bill: the share whose length equals it after repair, at least this.
+    min_billing_agreement: Fraction = 0.98
+    # Searched rows kept as they were because two splits were within repair.ambiguous_margin.
+    max_ambiguous_share: Fraction = 0.05
 
 
 @dataclass(frozen=True)
@@ -327,6 +374,7 @@ class GatesParams:
     prompts: PromptsGateParams = field(default_factory=PromptsGateParams)
     responses: ResponsesGateParams = field(default_factory=ResponsesGateParams)
     tokens: TokensGateParams = field(default_factory=TokensGateParams)
+    repair: RepairGateParams = field(default_factory=RepairGateParams)
     hidden: HiddenGateParams = field(default_factory=HiddenGateParams)
     drafter: DrafterGateParams = field(default_factory=DrafterGateParams)
     eval: EvalGateParams = field(default_factory=EvalGateParams)
@@ -451,6 +499,7 @@ class Params:
     generate: GenerateParams = field(default_factory=GenerateParams)
     serve: ServeParams = field(default_factory=ServeParams)
     reconstruct: ReconstructParams = field(default_factory=ReconstructParams)
+    repair: RepairParams = field(default_factory=RepairParams)
     gates: GatesParams = field(default_factory=GatesParams)
     hidden: HiddenParams = field(default_factory=HiddenParams)
     drafter: DrafterParams = field(default_factory=DrafterParams)

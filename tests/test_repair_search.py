@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftgate.repair.params import RepairParams
+from draftgate.config import RepairParams
 from draftgate.repair.score import HFScorer, Sampling
 from draftgate.repair.search import Vocab, search, spans
 from test_repair_score import local_model

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from draftgate.repair.params import RepairParams
+from draftgate.config import RepairParams
 from draftgate.repair.score import Sampling, Scorer
 from draftgate.repair.search import Vocab, search
 

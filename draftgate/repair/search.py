@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from draftgate.repair.params import RepairParams
+from draftgate.config import RepairParams
 from draftgate.repair.score import Scorer
 
 FLOOR = -1.0e4   # an impossible token (-inf) counts this much in sums, so deltas stay finite
