@@ -229,7 +229,7 @@ class RepairParams:
     # Sampling the rows were drawn with: null takes generate's (temperature, top_p); top_k 0 = off.
     temperature: Annotated[float, Range(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Range(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Range(ge=0)] = 0
+    top_k: Annotated[int, Range(ge=0, le=MAX_CONTEXT)] = 0
     # Search (search.py): a token the canonical prefix gives less than min_branch_prob (at the
     # sampling temperature, inside the nucleus) is not branched into.
     min_branch_prob: Fraction = 0.01
@@ -237,16 +237,16 @@ class RepairParams:
     # model is unsure (the canonical token itself at 0.016), a sampled split can be at 0.006.
     min_branch_ratio: Fraction = 0.1
     window_tokens: Annotated[int, Range(ge=1, le=16)] = 4     # tokens of a candidate window
-    window_candidates: Positive = 16          # windows per branch point (a whitespace run's cap)
-    row_candidates: Positive = 512            # windows scored per row; past it: reason `budget`
+    window_candidates: Annotated[int, Range(ge=1, le=4096)] = 16          # windows per branch point (a whitespace run's cap)
+    row_candidates: Annotated[int, Range(ge=1, le=1 << 20)] = 512            # windows scored per row; past it: reason `budget`
     rejoin_tokens: Annotated[int, Range(ge=0, le=8)] = 1       # canonical tokens scored after a window
     max_length_delta: Annotated[int, Range(ge=1, le=64)] = 8  # |billed - canonical| searched
     # A choice whose log-likelihood beats the runner-up by less than this (nats) is `ambiguous`:
     # the row keeps its ids.
-    ambiguous_margin: Annotated[float, Range(ge=0.0)] = 1.0
+    ambiguous_margin: Annotated[float, Range(ge=0.0, le=100.0)] = 1.0
     # Passes: each re-searches around the previous choice (edits that pay only together).
     passes: Annotated[int, Range(ge=1, le=8)] = 3
-    branch_tokens: Positive = 1024            # HF: branch tokens per tree-masked forward
+    branch_tokens: Tokens = 1024            # HF: branch tokens per tree-masked forward
 
 
 @dataclass(frozen=True)
