@@ -1,7 +1,7 @@
 """DVC stage `hidden`: kept token rows -> EAGLE-3 hidden states (data/hidden), resumable.
 
-python -m stages.hidden --params params.yaml --tokens data/tokens/tokens.parquet \
-    --gate data/gates/tokens.json --out data/hidden --metrics metrics/hidden.json \
+python -m stages.hidden --params params.yaml --tokens data/repair/tokens.parquet \
+    --gate data/gates/repair.json --out data/hidden --metrics metrics/hidden.json \
     [--responses data/responses/responses.parquet --prompts data/prompts/prompts.parquet]
 
 Scale out: `torchrun --nproc-per-node N -m stages.hidden <same arguments>` (each rank extracts
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         params = load_params(args.params)
-        require_passed(args.gate, "gate_tokens", "fix the tokens before extracting hidden states")
+        require_passed(args.gate, "gate_repair", "fix the repaired tokens before extracting hidden states")
         metrics = run(params, HiddenRequest(tokens=args.tokens, out=args.out, responses=args.responses,
                                             prompts=args.prompts))
     except (ParamsError, GateNotPassed, HiddenError) as e:

@@ -1,4 +1,4 @@
-"""The repair gate (draftgate/repair/gate_repair.json) on small tables of real SmolLM2 ids: it
+"""The repair gate (expectations/repair.json) on small tables of real SmolLM2 ids: it
 passes a sound repair and fails, by name, a repaired row whose bytes differ by one token, one
 whose length misses the bill, and a changed exact row."""
 
@@ -11,7 +11,9 @@ import pytest
 
 from draftgate.gates import validate as gates
 
-SUITE = Path(__file__).resolve().parents[1] / "draftgate" / "repair" / "gate_repair.json"
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "expectations" / "repair.json"
+PARAMS = ROOT / "params.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def run_gate(tmp_path, tok, after, before, responses):
                        "--input", f"before={tmp_path / 'before.parquet'}",
                        "--input", f"responses={tmp_path / 'responses.parquet'}",
                        "--input", f"contract={tmp_path / 'contract.json'}",
-                       "--input", f"vocab={tmp_path / 'vocab.parquet'}", "--no-docs"])
+                       "--input", f"vocab={tmp_path / 'vocab.parquet'}", "--params", str(PARAMS), "--no-docs"])
     result = json.loads((tmp_path / "r.json").read_text())
     return code, {e["kwargs"].get("column") for e in result["expectations"] if not e["success"]}
 

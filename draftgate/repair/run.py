@@ -1,5 +1,5 @@
 """The repair stage's library function: the tokens table in, the repaired tokens table and the
-stage's metrics out (stages/repair.py will call `run`; only it touches disk).
+stage's metrics out (stages/repair.py reads the inputs with `load_request`, calls `run`, writes).
 
 Rows searched: kept rows (quarantine_reason null) whose ids came from the text method. Other
 rows pass through unchanged. A repaired row gets method `repaired`, its new completion ids
@@ -45,12 +45,17 @@ def schema() -> Any:
     return s
 
 
+class RepairError(ValueError):
+    """The stage cannot repair; the message names the input or param and the fix."""
+
+
 @dataclass(frozen=True)
 class Request:
     tokens: Any                 # pyarrow Table in draftgate.schema.tokens()
     scorer: Scorer
     vocab: Vocab
     params: RepairParams
+    truth: dict[str, list[int]] | None = None   # prompt id -> the backend's own ids: grading only
 
 
 def target_length(billed: int | None, convention: str | None, ends_with_end: bool) -> int | None:
@@ -102,6 +107,7 @@ def run(request: Request) -> tuple[Any, dict]:
                 if row["billing_convention"] is not None:
                     row["billing_residual"] = len(out.ids) - row["repair_target_len"]
     searched = counts["repaired"] + counts["kept"]
+    graded = _graded(rows, request.truth) if request.truth is not None else {}
     metrics = {
         "rows_in": len(rows), "rows_out": len(rows), "searched": searched,
         "repaired": counts["repaired"], "kept": counts["kept"], "not_searched": counts["not_searched"],
@@ -111,8 +117,48 @@ def run(request: Request) -> tuple[Any, dict]:
         "forwards_per_searched_row": forwards / searched if searched else 0.0,
         "tokens_scored_per_searched_row": tokens_scored / searched if searched else 0.0,
         "candidates_per_searched_row": candidates / searched if searched else 0.0,
+        **graded,
     }
     return pa.Table.from_pylist(rows, schema=schema()), metrics
+
+
+def _graded(rows: list[dict], truth: dict[str, list[int]]) -> dict:
+    """Against the backend's own ids (the yardstick a text-only API lacks): searched rows that
+    differed from them before and after, made exact, broken."""
+    before = after = made = broken = 0
+    for row in rows:
+        t = truth.get(row["prompt_id"])
+        if row["repair_status"] is None or t is None:
+            continue
+        was = row["text_ids"] if row["text_ids"] is not None and row["method"] == "repaired" else row["completion_ids"]
+        before += was != t
+        after += row["completion_ids"] != t
+        made += was != t and row["completion_ids"] == t
+        broken += was == t and row["completion_ids"] != t
+    return {"truth": {"differing_before": before, "differing_after": after, "made_exact": made,
+                      "exact_broken": broken, "made_exact_share": made / before if before else 1.0}}
+
+
+def load_request(params: Any, tokens: Any, vocab: Any, truth: Any = None) -> Request:
+    """The stage's inputs: the tokens table, the contract's vocabulary bytes, the scorer of
+    params.repair (backend off: none is loaded). `truth` (responses.parquet) only grades: the
+    metrics count rows equal to the backend's own ids before and after."""
+    import pyarrow.parquet as pq
+
+    for path, stage in ((tokens, "reconstruct"), (vocab, "contract")):
+        if not path.exists():
+            raise RepairError(f"{path}: not found; run the {stage} stage first (dvc repro {stage})")
+    table = pq.read_table(tokens)
+    sampling = sampling_of(params.repair, params.generate)
+    try:
+        scorer = None if params.repair.backend == "off" else make_scorer(params.repair, sampling, params.hidden)
+    except (ValueError, OSError) as e:        # TargetError, DeviceError, a missing base_url: each names its fix
+        raise RepairError(str(e)) from None
+    truth_ids = None
+    if truth is not None:
+        r = pq.read_table(truth, columns=["prompt_id", "truth_ids"]).to_pydict()
+        truth_ids = {p: t for p, t in zip(r["prompt_id"], r["truth_ids"]) if t is not None}
+    return Request(table, scorer, Vocab.from_table(pq.read_table(vocab)), params.repair, truth_ids)
 
 
 def sampling_of(params: RepairParams, generate: Any) -> Sampling:

@@ -1,0 +1,58 @@
+"""DVC stage `repair`: the tokens table -> the same rows with each text-method row split the way
+the target most likely sampled it, held to the billed length (docs/repair.md).
+
+python -m stages.repair --params params.yaml --tokens data/tokens/tokens.parquet \
+    --vocab data/contract/vocab.parquet --gate data/gates/tokens.json \
+    --out data/repair/tokens.parquet --metrics metrics/repair.json
+
+Every row comes out (repaired rows: method `repaired`, the text method's ids in `text_ids`); the
+work is draftgate/repair/run.py's. Exit 1 on unusable input or params, or an engine that cannot score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m stages.repair", description=__doc__.splitlines()[0])
+    p.add_argument("--params", required=True, type=Path)
+    p.add_argument("--tokens", required=True, type=Path, help="tokens.parquet (the reconstruct stage's)")
+    p.add_argument("--vocab", required=True, type=Path, help="the contract's vocab.parquet (every id's bytes)")
+    p.add_argument("--gate", required=True, type=Path, help="the tokens gate's metric JSON")
+    p.add_argument("--out", required=True, type=Path, help="the repaired tokens.parquet")
+    p.add_argument("--metrics", required=True, type=Path)
+    p.add_argument("--responses", type=Path,
+                   help="responses.parquet: grade against the backend's own ids where it returned them (metrics only)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from draftgate.config import ParamsError, as_dict, load_params
+    from draftgate.gates.result import GateNotPassed, require_passed
+    from draftgate.io import write_parquet
+    from draftgate.metrics import StageMetrics
+    from draftgate.repair.run import RepairError, load_request, run
+
+    try:
+        params = load_params(args.params)
+        require_passed(args.gate, "gate_tokens", "fix the tokens before repairing them")
+        started = time.perf_counter()
+        request = load_request(params, args.tokens, args.vocab, args.responses)
+        table, figures = run(request)
+    except (ParamsError, GateNotPassed, RepairError) as e:
+        print(f"repair: {e}", file=sys.stderr)
+        return 1
+    rows_in, rows_out = figures.pop("rows_in"), figures.pop("rows_out")
+    figures["elapsed_s"] = round(time.perf_counter() - started, 3)
+    write_parquet(args.out, table)
+    StageMetrics("repair", rows_in, rows_out, figures=figures, params=as_dict(params.repair)).write(args.metrics)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
