@@ -124,6 +124,11 @@ class PromptsParams:
     # Estimated Jaccard similarity (MinHash LSH, character 5-grams of the conversation) at which a
     # heldout prompt counts as a near duplicate of a train prompt, in metrics/prompts.json.
     near_duplicate_threshold: Annotated[float, Range(ge=0.05, le=1.0)] = 0.8
+    # The serving mode each prompt is rendered and generated in (docs/serving-modes.md): per
+    # dataset (its file's stem), thinking on (true), off (false) or both (each prompt once in each
+    # mode, both on one side of the split). A record's own "thinking" field wins; a dataset not
+    # named here takes template.thinking.
+    thinking: dict[str, Union[bool, Literal["both"]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -366,6 +371,47 @@ class EvalGateParams:
     # The drafter's acceptance length (tokens per target forward, bonus included) must reach this.
     # At most eval.k + 1 (k drafts and the bonus token per forward), checked in Params.problems.
     min_acceptance_length: Annotated[float, Range(ge=1.0, le=17.0)] = 1.05
+    # The same floor for each served mode (serving.modes) on its own held-out prompts, recomputed
+    # from their prompt ids; null = off. A mode with no held-out prompt fails when a floor is set.
+    min_mode_acceptance_length: Annotated[float, Range(ge=1.0, le=17.0)] | None = None
+
+
+@dataclass(frozen=True)
+class ServedMode:
+    # A mode the drafter will be served in: the thinking switch of a hybrid template (qwen3,
+    # kimi_k25) and whether tools are declared. The composition gate recomputes each kept training
+    # row's mode from its prompt ids and needs this share of the kept training tokens (and rows)
+    # in it: a drafter trained on thinking-only data and served with thinking off collapsed from
+    # 9.49 to 2.71-3.86 accepted tokens per round (z-lab/dflash#60).
+    thinking: bool = False
+    tools: bool = False
+    min_token_share: Fraction = 0.0
+    min_row_share: Fraction = 0.0
+
+    @property
+    def name(self) -> str:
+        return mode_name(self.thinking, self.tools)
+
+
+def mode_name(thinking: bool, tools: bool) -> str:
+    """The one label of a serving mode, in tables, metrics and reports: no_think, think, +tools."""
+    return ("think" if thinking else "no_think") + ("+tools" if tools else "")
+
+
+@dataclass(frozen=True)
+class ServingParams:
+    # The serving profile: every mode the drafter will be served in, once each. The demo's SmolLM2
+    # ChatML has one mode (no thinking switch, no tools).
+    modes: list[ServedMode] = field(default_factory=lambda: [ServedMode(min_token_share=0.5)])
+
+    def problems(self) -> list[tuple[str, str]]:
+        names = [m.name for m in self.modes]
+        if not names or len(set(names)) != len(names):
+            return [("modes", f"{names}: name each served mode (thinking, tools) once, at least one")]
+        if sum(m.min_token_share for m in self.modes) > 1.0 or sum(m.min_row_share for m in self.modes) > 1.0:
+            return [("modes", "the served modes' min_token_share (or min_row_share) add up past 1.0: "
+                              "no training set could pass")]
+        return []
 
 
 @dataclass(frozen=True)
@@ -504,6 +550,7 @@ class Params:
     hidden: HiddenParams = field(default_factory=HiddenParams)
     drafter: DrafterParams = field(default_factory=DrafterParams)
     eval: EvalParams = field(default_factory=EvalParams)
+    serving: ServingParams = field(default_factory=ServingParams)
 
     def problems(self) -> list[tuple[str, str]]:
         # Across sections: each section's own ranges are checked when it is built.
@@ -513,6 +560,10 @@ class Params:
             out.append(("gates.eval.min_acceptance_length",
                         f"{self.gates.eval.min_acceptance_length} is above eval.k + 1 = {ceiling} (k drafts and "
                         "the bonus token per target forward): no drafter could pass"))
+        floor = self.gates.eval.min_mode_acceptance_length
+        if floor is not None and floor > ceiling:
+            out.append(("gates.eval.min_mode_acceptance_length",
+                        f"{floor} is above eval.k + 1 = {ceiling}: no drafter could pass"))
         context = self.prompts.context_tokens
         if context is not None and self.generate.max_tokens >= context:
             out.append(("generate.max_tokens", f"{self.generate.max_tokens} leaves no room for a prompt in the "

@@ -23,7 +23,7 @@ from draftgate.io import text_sha256
 
 REASONS = (
     "invalid_utf8", "invalid_json", "not_an_object", "no_messages", "no_user_turn",
-    "unknown_role", "empty_content", "bad_message", "bad_tools", "bad_tool_schema",
+    "unknown_role", "empty_content", "bad_message", "bad_tools", "bad_tool_schema", "bad_mode",
 )
 # Decided by decide() with the target's template and tokenizer, not by a record alone.
 TEMPLATE_UNSUPPORTED = "template_unsupported"
@@ -71,6 +71,16 @@ class Prompt:
     tools: str | None         # compact JSON text, or None
     source: str
     dropped_final_assistant: bool
+    # The serving mode the prompt is rendered and generated in: the record's own "thinking"
+    # field (None: absent, the dataset's or the template's setting applies; `in_mode` sets it).
+    thinking: bool | None = None
+
+    def in_mode(self, thinking: bool) -> "Prompt":
+        """This prompt served with thinking on or off: its id hashes the switch when on."""
+        import dataclasses
+
+        messages, tools = json.loads(self.messages), json.loads(self.tools) if self.tools else None
+        return dataclasses.replace(self, prompt_id=prompt_id_of(messages, tools, thinking), thinking=thinking)
 
 
 @dataclass(frozen=True)
@@ -96,12 +106,17 @@ class Tally:
     splits: Counter = field(default_factory=Counter)
     with_tools: int = 0
     final_assistant_dropped: int = 0
+    by_mode: Counter = field(default_factory=Counter)     # kept prompts per serving mode (config.mode_name)
 
     def reject(self, r: Reject) -> None:
         self.rejects_by_reason[r.reason] += 1
         self.rejects_by_dataset[Path(r.source.split(":")[0]).stem] += 1
 
-    def keep(self, dataset: str, split: str, with_tools: bool, dropped_final_assistant: bool) -> None:
+    def keep(self, dataset: str, split: str, with_tools: bool, dropped_final_assistant: bool,
+             thinking: bool = False) -> None:
+        from draftgate.config import mode_name
+
+        self.by_mode[mode_name(thinking, with_tools)] += 1
         self.rows_out += 1
         self.out_by_dataset[dataset] += 1
         self.splits[split] += 1
@@ -122,8 +137,20 @@ def compact_json(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def prompt_id_of(messages: list[dict], tools: list[dict] | None) -> str:
-    return text_sha256(canonical_json({"messages": messages, "tools": tools}))
+def prompt_id_of(messages: list[dict], tools: list[dict] | None, thinking: bool = False) -> str:
+    # The id names the request: the thinking switch, when on, is part of it (one conversation
+    # served both ways is two prompts). Off adds nothing, so a template without a switch (ChatML)
+    # keeps the ids it always had; the split hashes the conversation alone (conversation_id).
+    doc: dict[str, Any] = {"messages": messages, "tools": tools}
+    if thinking:
+        doc["thinking"] = True
+    return text_sha256(canonical_json(doc))
+
+
+def conversation_id(messages: list[dict], tools: list[dict] | None) -> str:
+    """What the split hashes (split_by: prompt): the conversation whatever its serving mode, so
+    both modes of one prompt land on one side."""
+    return prompt_id_of(messages, tools, False)
 
 
 def split_of(prompt_id: str, seed: int, heldout_fraction: float) -> str:
@@ -142,6 +169,7 @@ def process(record: RawRecord) -> Prompt | Reject | None:
     try:
         obj = decode_line(record.data, record.index == 1) if isinstance(record.data, bytes) else record.data
         messages, tools, dropped = normalise(obj)
+        thinking = _thinking(obj)
         text_messages = compact_json(messages)
         text_tools = None if tools is None else compact_json(tools)
         _check_encodable(text_messages, text_tools)
@@ -150,8 +178,17 @@ def process(record: RawRecord) -> Prompt | Reject | None:
     except RecursionError:
         return Reject(record.source, "invalid_json", "nested deeper than the JSON parser allows; flatten the record",
                       _truncate(record.data))
-    return Prompt(prompt_id_of(messages, tools), Path(record.file).stem, text_messages, text_tools,
-                  record.source, dropped)
+    return Prompt(prompt_id_of(messages, tools, bool(thinking)), Path(record.file).stem, text_messages, text_tools,
+                  record.source, dropped, thinking)
+
+
+def _thinking(obj: Any) -> bool | None:
+    if not isinstance(obj, dict) or obj.get("thinking") is None:
+        return None
+    if not isinstance(obj["thinking"], bool):
+        raise Rejected("bad_mode", f"'thinking' is {obj['thinking']!r}; it must be true or false (the serving "
+                                   "mode of this prompt), or left out for the dataset's (prompts.thinking)")
+    return obj["thinking"]
 
 
 def decode_line(raw: bytes, first_line: bool = False) -> Any:
@@ -421,25 +458,37 @@ def _check_order(messages: list[dict]) -> None:
 
 # ---------------------------------------------------------------- the whole run
 
-Problem = Callable[[list[dict], list[dict] | None], "str | tuple[str, str] | None"]
+Problem = Callable[[list[dict], list[dict] | None, bool], "str | tuple[str, str] | None"]
 
 
-def decide(record: RawRecord, render_problem: Problem | None) -> Prompt | Reject | None:
-    """`process`, then the target template's verdict: a Prompt, a Reject, or None (blank line).
+def decide(record: RawRecord, render_problem: Problem | None,
+           modes: Callable[[str], tuple[bool, ...]] = lambda dataset: (False,)) -> list[Prompt | Reject] | None:
+    """`process`, then each serving mode, then the target template's verdict on each: the
+    prompts (one per mode), a reject, or None (blank line).
 
-    `render_problem(messages, tools)` says why the target's chat template cannot render a prompt
+    `modes(dataset)`: the thinking settings a record of that dataset is served in when it names
+    none itself (prompts.thinking, else template.thinking; both: (True, False)).
+    `render_problem(messages, tools, thinking)` says why the target's chat template cannot render a prompt
     (a detail: template_unsupported), or (reason, detail) for another target-side reason (too_long);
     None when it can: such a prompt could never become exact training data, so it is rejected
     here, before any request is paid for.
     """
     out = process(record)
-    if render_problem is not None and isinstance(out, Prompt):
-        problem = render_problem(json.loads(out.messages), json.loads(out.tools) if out.tools else None)
+    if not isinstance(out, Prompt):
+        return None if out is None else [out]
+    wanted = (out.thinking,) if out.thinking is not None else modes(out.dataset)
+    decided: list[Prompt | Reject] = []
+    for thinking in wanted:
+        p = out if out.thinking is not None else out.in_mode(thinking)
+        problem = None
+        if render_problem is not None:
+            problem = render_problem(json.loads(p.messages), json.loads(p.tools) if p.tools else None, thinking)
         if problem is not None:
             reason, detail = problem if isinstance(problem, tuple) else (TEMPLATE_UNSUPPORTED, problem)
             assert reason in (TEMPLATE_UNSUPPORTED, TOO_LONG), reason
-            out = Reject(out.source, reason, detail, _truncate(out.messages.encode("utf-8")))
-    return out
+            return [Reject(p.source, reason, detail, _truncate(p.messages.encode("utf-8")))]
+        decided.append(p)
+    return decided
 
 
 # ---------------------------------------------------------------- the target's context
@@ -558,6 +607,7 @@ def stage_metrics(t: Tally, params: PromptsParams, limit: LengthLimit | None = N
         "blank_lines": t.blank_lines,
         "final_assistant_dropped": t.final_assistant_dropped,
         "with_tools": t.with_tools,
+        "modes": dict(sorted(t.by_mode.items())),
         "split": {"train": t.splits["train"], "heldout": t.splits["heldout"]},
         "heldout_fraction": round(t.splits["heldout"] / t.rows_out, 6) if t.rows_out else 0.0,
         "datasets": {d: {"in": n, "out": t.out_by_dataset[d], "rejects": t.rejects_by_dataset[d]}

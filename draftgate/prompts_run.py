@@ -36,7 +36,7 @@ def run(params: Any, request: PromptsRequest) -> PromptsRun:
     # Streamed (prompts_stream.py): files in name order, records in line order, two passes
     # over part files; memory does not grow with the rows.
     problem, limit = _render_problem(params)
-    tally = ingest_to_files(records, pp, request.out, problem)
+    tally = ingest_to_files(records, pp, request.out, problem, params.template.thinking)
     metrics = prompts.stage_metrics(tally, pp, limit)
     metrics.figures["contamination"] = _contamination(request.out / "prompts.parquet", pp.near_duplicate_threshold)
     summary = (f"prompts: {metrics.rows_in} records -> {metrics.rows_out} prompts "
@@ -79,7 +79,7 @@ def _render_problem(params):
     from draftgate.templates import TemplateError, encode_segments, get_template
     from draftgate.tokenizers import load_tokenizer
 
-    template, thinking = get_template(params.template.name), params.template.thinking
+    template = get_template(params.template.name)
     tok = load_tokenizer(params.tokenizer)
     official = None
     if params.tokenizer.kind == "hf_dir":
@@ -90,13 +90,15 @@ def _render_problem(params):
     length = too_long(limit, lambda segs: encode_segments(tok, [segs], ids)[0], template.name,
                       params.generate.max_tokens, widest_token(tok) if limit.max_prompt_tokens else None)
 
-    def problem(messages, tools):
+    def problem(messages, tools, thinking):
+        # Rendered in the prompt's own serving mode (prompts.thinking, a record's "thinking").
         tools = apply_rules(tools, params.reconstruct.request_rules)
         try:
             segments = template.render_prompt(messages, tools, thinking)
         except TemplateError as e:
-            return f"the {template.name} template cannot render this prompt: {e}; choose a template " \
-                   f"that supports it (template.name) or leave its dataset out (prompts.datasets)"
+            return f"the {template.name} template cannot render this prompt with thinking " \
+                   f"{'on' if thinking else 'off'}: {e}; choose a template that supports it (template.name), " \
+                   "set the dataset's mode (prompts.thinking) or leave its dataset out (prompts.datasets)"
         if official is not None:
             try:
                 official.render(messages, tools, template.jinja_kwargs(thinking))

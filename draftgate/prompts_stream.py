@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from draftgate.config import PromptsParams
-from draftgate.prompts import Problem, Prompt, RawRecord, Reject, Tally, decide, split_of
+from draftgate.prompts import Problem, Prompt, RawRecord, Reject, Tally, conversation_id, decide, split_of
 
 BATCH = 8192
 
 
 def ingest_to_files(records: Iterable[RawRecord], params: PromptsParams, out_dir: Path,
-                    render_problem: Problem | None = None) -> Tally:
+                    render_problem: Problem | None = None, default_thinking: bool = False) -> Tally:
+    """`default_thinking`: template.thinking, the mode of a dataset prompts.thinking does not name."""
     import os
     import shutil
     import tempfile
@@ -53,40 +54,42 @@ def ingest_to_files(records: Iterable[RawRecord], params: PromptsParams, out_dir
     dropped_final: set[str] = set()   # ids whose record ended on an assistant turn (few)
     rows: list[dict] = []
     rejects: list[dict] = []
+    modes = _modes(params, default_thinking)
     try:
         with pq.ParquetWriter(part, schema.prompts()) as pw, \
                 pq.ParquetWriter(stage / "rejects.parquet", schema.rejects()) as rw:
             for r in records:
-                out = decide(r, render_problem)
-                if out is None:
+                decided = decide(r, render_problem, modes)
+                if decided is None:
                     tally.blank_lines += 1
                     continue
                 tally.rows_in += 1
                 tally.per_dataset_in[Path(r.file).stem] += 1
-                if isinstance(out, Reject):
-                    tally.reject(out)
-                    rejects.append({"source": out.source, "reason": out.reason, "detail": out.detail,
-                                    "record": out.record})
-                    if len(rejects) >= BATCH:
-                        rw.write_table(pa.Table.from_pylist(rejects, schema=schema.rejects()))
-                        rejects = []
-                    continue
-                digest = bytes.fromhex(out.prompt_id)[:16]
-                if digest in seen:
-                    dups[out.prompt_id] += 1
-                    continue
-                seen.add(digest)
-                if out.dropped_final_assistant:
-                    dropped_final.add(out.prompt_id)
-                if cap is not None:
-                    if len(lowest) < cap:
-                        heapq.heappush(lowest, _Desc(out.prompt_id))
-                    elif cap and out.prompt_id < lowest[0].id:
-                        heapq.heapreplace(lowest, _Desc(out.prompt_id))
-                rows.append(_row(out, params))
-                if len(rows) >= BATCH:
-                    pw.write_table(pa.Table.from_pylist(rows, schema=schema.prompts()))
-                    rows = []
+                for out in decided:
+                    if isinstance(out, Reject):
+                        tally.reject(out)
+                        rejects.append({"source": out.source, "reason": out.reason, "detail": out.detail,
+                                        "record": out.record})
+                        if len(rejects) >= BATCH:
+                            rw.write_table(pa.Table.from_pylist(rejects, schema=schema.rejects()))
+                            rejects = []
+                        continue
+                    digest = bytes.fromhex(out.prompt_id)[:16]
+                    if digest in seen:
+                        dups[out.prompt_id] += 1
+                        continue
+                    seen.add(digest)
+                    if out.dropped_final_assistant:
+                        dropped_final.add(out.prompt_id)
+                    if cap is not None:
+                        if len(lowest) < cap:
+                            heapq.heappush(lowest, _Desc(out.prompt_id))
+                        elif cap and out.prompt_id < lowest[0].id:
+                            heapq.heapreplace(lowest, _Desc(out.prompt_id))
+                    rows.append(_row(out, params))
+                    if len(rows) >= BATCH:
+                        pw.write_table(pa.Table.from_pylist(rows, schema=schema.prompts()))
+                        rows = []
             if rows:
                 pw.write_table(pa.Table.from_pylist(rows, schema=schema.prompts()))
             if rejects:
@@ -104,7 +107,8 @@ def ingest_to_files(records: Iterable[RawRecord], params: PromptsParams, out_dir
                 tally.n_capped += len(rows) - len(kept)
                 for x in kept:
                     x["n_duplicates"] = dups.get(x["prompt_id"], 0)
-                    tally.keep(x["dataset"], x["split"], x["tools"] is not None, x["prompt_id"] in dropped_final)
+                    tally.keep(x["dataset"], x["split"], x["tools"] is not None, x["prompt_id"] in dropped_final,
+                               x["thinking"])
                 if kept:
                     w.write_table(pa.Table.from_pylist(kept, schema=schema.prompts()))
         out_dir.mkdir(exist_ok=True)
@@ -126,15 +130,23 @@ class _Desc:
         return self.id > other.id
 
 
+def _modes(params: PromptsParams, default: bool):
+    """dataset -> the thinking settings its records are served in when they name none."""
+    table = {d: (True, False) if v == "both" else (bool(v),) for d, v in params.thinking.items()}
+    fallback = (default,)
+    return lambda dataset: table.get(dataset, fallback)
+
+
 def _row(p: Prompt, params: PromptsParams) -> dict[str, Any]:
-    key = p.prompt_id
+    import json
+
+    # The split hashes the conversation, never the mode: both modes of a prompt share a side.
+    key = conversation_id(json.loads(p.messages), json.loads(p.tools) if p.tools else None)
     if params.split_by == "last_user":
         # Same normalised question, same side of the split (prompts_contamination.py).
-        import json
-
         from draftgate.prompts_contamination import group_key
 
         key = group_key(json.loads(p.messages))
     return {"prompt_id": p.prompt_id, "dataset": p.dataset, "messages": p.messages, "tools": p.tools,
             "split": split_of(key, params.split_seed, params.heldout_fraction), "source": p.source,
-            "n_duplicates": 0}
+            "n_duplicates": 0, "thinking": bool(p.thinking)}

@@ -20,6 +20,9 @@ def prompts():
         ("split", pa.string()),         # train | heldout
         ("source", pa.string()),        # file:line of the first occurrence
         ("n_duplicates", pa.int32()),   # further occurrences collapsed into this row
+        # The serving mode it is rendered and generated in: thinking on for a hybrid template
+        # (prompts.thinking per dataset, or the record's own field); tools: the tools column.
+        ("thinking", pa.bool_()),
     ])
 
 
@@ -79,6 +82,10 @@ def tokens():
         ("prompt_id", pa.string()),
         ("dataset", pa.string()),
         ("split", pa.string()),
+        # The prompt's serving mode as the prompts stage set it (thinking) and its label with the
+        # tools (config.mode_name): for reports only; the composition gate recomputes it from the ids.
+        ("thinking", pa.bool_()),
+        ("mode", pa.string()),
         ("input_ids", pa.list_(pa.int32())),        # prompt + completion
         ("prompt_len", pa.int32()),
         ("completion_ids", pa.list_(pa.int32())),

@@ -40,6 +40,7 @@ BAD = {
     "bad_tools": {"messages": [USER], "tools": {"get_weather": {}}},
     "bad_tool_schema": {"messages": [USER], "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "strng"}}}}}]},
+    "bad_mode": {"messages": [USER], "thinking": "yes"},
 }
 
 

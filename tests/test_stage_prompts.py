@@ -48,7 +48,8 @@ def test_the_stage_writes_prompts_rejects_and_metrics_with_exact_schemas(workdir
 
     details = json.loads(details_path(workdir / "metrics" / "prompts.json").read_text())
     assert details["params"] == {"datasets": None, "heldout_fraction": 0.25, "split_seed": 3, "max_prompts": None,
-                                 "context_tokens": None, "split_by": "prompt", "near_duplicate_threshold": 0.8}
+                                 "context_tokens": None, "split_by": "prompt", "near_duplicate_threshold": 0.8,
+                                 "thinking": {}}
     assert not list((workdir / "out").glob(".*.tmp"))
 
 

@@ -135,7 +135,7 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
             out.quarantine(row, "template_error", pr.template_error)
             continue
         try:
-            cseg = tmpl.render_completion(completion, setup.thinking)
+            cseg = tmpl.render_completion(completion, pr.mode(setup))
         except TemplateError as e:
             out.quarantine(row, "template_error", str(e))
             continue
@@ -255,6 +255,7 @@ class _Prompt:
     literal: str | None = None              # why prefix-unstable: an added token's text in it
     special_in_text = False
     think_open = False
+    thinking: bool | None = None            # the prompt's own serving mode (prompts.parquet); None: Setup's
     official_text: str | None = None        # the official render, when there is an official template
     tail = ""                               # its text after the last added token
 
@@ -262,6 +263,7 @@ class _Prompt:
         if p is None:
             self.bad = ("prompt_missing", "not in the prompts table")
             return
+        self.thinking = p.get("thinking")
         try:
             self.messages = json.loads(p["messages"])
             self.tools = apply_rules(json.loads(p["tools"]) if p.get("tools") else None, rules)
@@ -278,7 +280,7 @@ class _Prompt:
 
         tmpl = setup.template
         try:
-            code = tmpl.render_prompt(self.messages, self.tools, setup.thinking)
+            code = tmpl.render_prompt(self.messages, self.tools, self.mode(setup))
         except TemplateError as e:
             self.template_error = str(e)
             return
@@ -287,7 +289,7 @@ class _Prompt:
             self.plan = pieces.plan(code, "prompt")
             return
         try:
-            text = setup.official.render(self.messages, self.tools, tmpl.jinja_kwargs(setup.thinking))
+            text = setup.official.render(self.messages, self.tools, tmpl.jinja_kwargs(self.mode(setup)))
         except OfficialTemplateError as e:
             self.template_error = str(e)
             return
@@ -299,6 +301,10 @@ class _Prompt:
         parts = literal.split(text) if literal is not None else [text]
         self.tail = parts[-1]
         self.segments = [Text(parts[-1])] if parts[-1] else []
+
+    def mode(self, setup: Setup) -> bool:
+        """Thinking on or off for this prompt: its own (prompts.thinking), else template.thinking."""
+        return setup.thinking if self.thinking is None else bool(self.thinking)
 
     def finish(self, pieces: Any, literal: Any, special: frozenset[int], m: Markers) -> None:
         if self.official_text is not None:
@@ -382,9 +388,15 @@ def _special_in_text(plan: list[int], pieces: Any, special: frozenset[int]) -> b
 
 
 def _empty_row(r: Mapping[str, Any], p: Mapping[str, Any] | None) -> dict:
+    from draftgate.config import mode_name
+
+    thinking = (p or {}).get("thinking")
     return {
         "prompt_id": r["prompt_id"], "dataset": r.get("dataset") or (p or {}).get("dataset"),
-        "split": (p or {}).get("split"), "input_ids": None, "prompt_len": None,
+        "split": (p or {}).get("split"), "thinking": thinking,
+        # The label, for reports; the composition gate recomputes the mode from the ids.
+        "mode": None if p is None or thinking is None else mode_name(bool(thinking), bool(p.get("tools"))),
+        "input_ids": None, "prompt_len": None,
         "completion_ids": None, "loss_mask": None, "method": None, "match": None,
         "first_diff": None, "diff_context": None, "n_completion": None,
         "billed_completion_tokens": r.get("billed_completion_tokens"), "billing_delta": None,

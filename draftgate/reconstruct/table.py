@@ -27,7 +27,7 @@ from draftgate.reconstruct.settle import BillingFacts, settle, with_settled
 # memory they free is reused by the next chunk (4096 rows cost ~15% more in page faults).
 CHUNK = 1024
 MATCHES = ("exact", "bpe_only", "semantic", "unknown")
-PROMPT_COLUMNS = ["prompt_id", "dataset", "messages", "tools", "split"]
+PROMPT_COLUMNS = ["prompt_id", "dataset", "messages", "tools", "split", "thinking"]
 
 
 
