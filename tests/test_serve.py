@@ -323,3 +323,19 @@ def test_a_server_whose_stage_was_killed_stops_by_itself():
             return
         time.sleep(0.2)
     pytest.fail(f"the server at {url} still answers 20 s after its stage was killed")
+
+
+def test_the_server_scores_a_token_id_prompt_as_vllm_does_for_repair(server, lm):
+    import torch
+
+    from draftgate.repair.score import Sampling as Tempered
+    from draftgate.repair.score import VllmScorer
+
+    ids = lm.tokenizer.encode("The sea is calm tonight.", add_special_tokens=False)
+    with torch.inference_mode():
+        raw = torch.log_softmax(lm.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    want = [float(raw[i - 1, t]) for i, t in enumerate(ids) if i >= 1]
+    # The repair backend's own request and checks (every entry names the id sent at its position).
+    assert VllmScorer(server, SERVED_NAME, Tempered(1.0)).score(ids, 1).logprobs == pytest.approx(want, abs=1e-4)
+    bad = httpx.post(f"{server}/v1/completions", json={"prompt": ids, "prompt_logprobs": 99, "max_tokens": 1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_logprobs"

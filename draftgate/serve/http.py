@@ -2,7 +2,7 @@
 
 `build_app` holds the model, the batcher and the completion-id counter under app keys, turns
 every RequestError (and aiohttp's own 404/405) into an OpenAI-shaped JSON error, and mounts each
-route module's ROUTES: `chat` serves POST /v1/chat/completions; GET /v1/models and GET /health
+route module's ROUTES: `chat` serves POST /v1/chat/completions, `score` POST /v1/completions (prompt_logprobs, for repair); GET /v1/models and GET /health
 live here. A new route is a module with its handlers and a ROUTES list, added in build_app.
 """
 
@@ -26,7 +26,7 @@ IDS_KEY = web.AppKey("completion_ids", CompletionIds)
 
 def build_app(lm: LocalModel, params: ServeParams) -> web.Application:
     # Route modules read the app's state through the keys above, so they are imported here.
-    from draftgate.serve import chat
+    from draftgate.serve import chat, score
 
     app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
     app[LM_KEY] = lm
@@ -43,7 +43,7 @@ def build_app(lm: LocalModel, params: ServeParams) -> web.Application:
         batcher.executor.shutdown(wait=True, cancel_futures=True)
 
     app.cleanup_ctx.append(worker)
-    app.add_routes([*chat.ROUTES, web.get("/v1/models", models), web.get("/health", health)])
+    app.add_routes([*chat.ROUTES, *score.ROUTES, web.get("/v1/models", models), web.get("/health", health)])
     return app
 
 
