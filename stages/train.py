@@ -20,6 +20,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hidden", required=True, type=Path, help="the hidden stage's folder (manifest.json)")
     p.add_argument("--tokens", required=True, type=Path, help="tokens.parquet")
     p.add_argument("--gate", required=True, type=Path, help="the hidden gate's metric JSON")
+    p.add_argument("--composition-gate", type=Path, default=None,
+                   help="the composition gate's metric JSON: the training set covers the served modes")
     p.add_argument("--out", required=True, type=Path, help="output folder: sglang/, speculators/, vocab.safetensors")
     p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint folder (resume)")
     p.add_argument("--metrics", required=True, type=Path)
@@ -39,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params(args.params)
         require_passed(args.gate, "gate_hidden", "fix the hidden-state features before training on them")
+        if args.composition_gate is not None:
+            require_passed(args.composition_gate, "gate_composition", "cover every served mode (serving.modes) "
+                           "in the training set, or serve fewer modes, before training")
         result = run(params, hidden_dir=args.hidden, tokens_path=args.tokens, out=args.out,
                      checkpoint=args.checkpoint, stop_after=args.stop_after)
     except (ParamsError, GateNotPassed, RunError) as e:
