@@ -32,7 +32,7 @@ def test_a_corrupted_tokens_table_names_each_offending_row_with_its_keys(tmp_pat
     assert all("offending_rows" not in e for e in result["expectations"] if e["success"])
 
 
-def test_the_page_rebuilt_from_that_record_shows_the_rows_in_gxs_table_of_unexpected_values(
+def test_the_page_rebuilt_from_that_record_shows_gxs_counts_and_the_rows_under_the_check(
         tmp_path, qwen3_tok, good_rows):
     _, _, result = corrupted(tmp_path, qwen3_tok, good_rows)
     record = tmp_path / "tokens.details.json"
@@ -43,8 +43,11 @@ def test_the_page_rebuilt_from_that_record_shows_the_rows_in_gxs_table_of_unexpe
 
     page = (tmp_path / "site" / pages["gate_tokens"]).read_text(encoding="utf-8")
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
-    # GX's own table: each unexpected value, its count, and the rows' keys as its ID columns.
-    assert "Unexpected Value Count dataset prompt_id p0 1 chat p0 p2 1 chat p2" in text
+    # GX's own table of each unexpected value and its count, then the rows with their keys, in
+    # the order the gate found them (keys first, the check's column after).
+    assert ("Unexpected Value Count p0 1 p2 1 What it checks: ") in text
+    assert ("Offending rows (the first 2, with the evidence the suite computed): prompt_id dataset "
+            "kept_think_unbalanced p0 chat p0 p2 chat p2") in text
     # The suite's page, rebuilt from the record too, explains each check with the note it ran under.
     suite = " ".join(re.sub(r"<[^>]+>", " ", (tmp_path / "site" / "expectations" / "tokens.html").read_text()).split())
     [note] = [e["meta"]["notes"] for e in result["expectations"] if e["kwargs"].get("column") == "kept_think_unbalanced"]

@@ -11,10 +11,13 @@ path, so the site also works when moved or zipped as a whole.
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any, Sequence
 
 KEEP_RUNS = 10      # validation results kept per suite in the site (`draftgate validate --keep-runs`)
 ASSETS = Path(__file__).with_name("assets")
@@ -125,3 +128,71 @@ def rewrite(text: str, root: str) -> str:
 
 def remote_references(text: str) -> list[str]:
     return [next(v for v in m.groups() if v) for m in _REMOTE.finditer(text)]
+
+
+# ------------------------------------------------------------ each check explained on the validation page
+
+# GX 1.24 shows an expectation's notes on the suite page only, and its documented hook for extra
+# columns on the validation page (the suite's meta.notes naming `meta_properties_to_render`) breaks
+# the page: it puts that key in each expectation's kwargs, which GX's own Expectation model then
+# rejects ("extra fields not permitted"), and the page is not written. So the page GX wrote is
+# annotated instead: each check's row gets its note and, when it failed, its offending rows.
+# GX's markup: one section per column (its name in an <h5>, "Table-Level Expectations" for checks
+# without one), the sections' checks in result order, and the Expectation cell of row R in section
+# S is the <td> just before `section-S-content-block-2-cell-R-3` (the Observed Value cell).
+TABLE_LEVEL = "Table-Level Expectations"
+_SECTION = re.compile(r'id="section-(?P<s>\d+)-content-block-1-header"[^>]*>.*?<h5\b[^>]*>(?P<name>.*?)</h5>', re.S)
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def explain(page: str, checks: Sequence[tuple[Any, str | None, list[dict], list[str]]]) -> str:
+    """`page` (a validation page GX rendered) with each check's note and offending rows under its
+    Expectation cell. `checks`: (its `column` kwarg, note, offending rows, their columns in the
+    order shown) per result, in the validation's order. A section whose rows do not match the checks (GX's markup changed) is left
+    as it is; tests/test_gates_evidence_page.py opens the pages in Chromium."""
+    by_name: dict[str, list] = {}
+    for column, note, rows, header in checks:
+        by_name.setdefault(column if isinstance(column, str) else TABLE_LEVEL, []).append((note, rows, header))
+    inserts = []
+    for m in _SECTION.finditer(page):
+        name = html.unescape(re.sub(r"<[^>]+>", "", m["name"])).strip()
+        mine = by_name.get(name)
+        if not mine:
+            continue
+        cells = [page.find(f'<td id="section-{m["s"]}-content-block-2-cell-{r}-3"') for r in range(1, len(mine) + 2)]
+        if -1 in cells[:-1] or cells[-1] != -1:
+            continue     # not one row per check: leave the section as GX drew it
+        for at, (note, rows, header) in zip(cells, mine):
+            end = page.rfind("</div></td>", 0, at)
+            block = annotation(note, rows, header)
+            if end > 0 and block:
+                inserts.append((end, block))
+    for end, block in sorted(inserts, reverse=True):
+        page = page[:end] + block + page[end:]
+    return page
+
+
+def annotation(note: str | None, rows: list[dict], header: Sequence[str] = ()) -> str:
+    """The HTML under one check: what it means; for a failed one, its first rows and their evidence
+    (the columns in `header`'s order, then any others)."""
+    out = []
+    if note:
+        out.append('<p class="draftgate-note small text-muted mt-2 mb-1"><strong>What it checks:</strong> '
+                   + _CODE.sub(r"<code>\1</code>", html.escape(note)) + "</p>")
+    rows = [r for r in rows or [] if isinstance(r, dict)]
+    if rows:
+        header = list(dict.fromkeys([*header, *(k for r in rows for k in r)]))
+        head = "".join(f"<th>{html.escape(str(k))}</th>" for k in header)
+        body = "".join("<tr>" + "".join(f'<td class="text-monospace">{html.escape(_shown(r.get(k)))}</td>'
+                                        for k in header) + "</tr>" for r in rows)
+        out.append(f'<div class="draftgate-evidence small mt-1"><strong>Offending rows</strong> (the first '
+                   f'{len(rows)}, with the evidence the suite computed):<div class="table-responsive">'
+                   f'<table class="table table-sm table-bordered mb-1"><thead><tr>{head}</tr></thead>'
+                   f"<tbody>{body}</tbody></table></div></div>")
+    return "".join(out)
+
+
+def _shown(v: Any) -> str:
+    if v is None:
+        return "null"
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)

@@ -96,6 +96,9 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
                         relations=suite.relations)
     timings["load_s"] = lap("load_cpu_s")
     try:
+        bad = evidence.check(suite, loaded.columns)   # a suite's evidence naming no column: before any verdict
+        if bad:
+            raise GateError("; ".join(bad))
         hashing = fingerprints(loaded)
         from draftgate.gates import gx as gx_run  # Great Expectations itself: ~3 s
 
@@ -128,6 +131,7 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
                                                 if evidence.wanted(s, e)})
         for k, found in rows.items():
             entries[k]["offending_rows"] = found
+            entries[k]["offending_columns"] = list(found[0])   # their order on the page (the file sorts keys)
         timings["evidence_s"] = lap()
         loaded.close()   # the connection's memory, before the result is built
         timings.update(gx_setup_s=run.timings["gx_setup_s"], gx_run_s=run.timings["gx_run_s"],

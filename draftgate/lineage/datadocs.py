@@ -9,6 +9,11 @@ check with its kwargs, notes, observed value and unexpected sample), rendered by
 builder and made offline by docs.localise. The report's gate table reads the same records, so the
 two agree on the gates, their verdicts and their times.
 
+Each validation page also explains every check under its row: its note (meta.notes: what it
+recomputes and why it matters; GX 1.24 renders notes on the suite page only) and, for a failed
+check, its first offending rows with their keys and the evidence its suite computed (evidence.py),
+written into the page GX rendered by docs.explain.
+
 The records hold no timestamp (a result is byte-identical for unchanged inputs); the time shown is
 when the record was made: its commit's time when the file is as committed, else the file's mtime
 (a gate that ran in this workspace). The run name says which: the commit, or "workspace".
@@ -90,7 +95,7 @@ def rebuild(site: Path, records: list[Record]) -> dict[str, str]:
         shutil.rmtree(site)
     context = gx_run.make_context(site)
     store = context.validation_results_store
-    keys, pages = [], {}
+    keys, pages, shown = [], {}, {}
     for rec in records:
         r = rec.result
         entries = [e for e in r.get("expectations") or [] if isinstance(e, dict) and e.get("type")]
@@ -129,7 +134,14 @@ def rebuild(site: Path, records: list[Record]) -> dict[str, str]:
         keys.append(key)
         *folders, name = key.to_tuple()
         pages[rec.gate] = "/".join(("validations", *folders, f"{name}.html"))
+        shown[rec.gate] = [((e.get("kwargs") or {}).get("column"), (e.get("meta") or {}).get("notes"),
+                            e.get("offending_rows") or [], e.get("offending_columns") or [])
+                           for e, x in zip(entries, expectations) if x is not None]
     context.build_data_docs(site_names=[gx_run.SITE])
+    for gate, rel in pages.items():    # each check's note and evidence on the page (docs.explain)
+        page = site / rel
+        if page.is_file():
+            page.write_text(docs.explain(page.read_text(encoding="utf-8"), shown[gate]), encoding="utf-8")
     docs.localise(site)
     return pages
 
@@ -149,13 +161,11 @@ def _outcome(entry: dict, config, cls):
                       unexpected_percent=entry.get("unexpected_percent"), partial_unexpected_list=sample)
     column = (entry.get("kwargs") or {}).get("column")
     rows = [r for r in entry.get("offending_rows") or [] if isinstance(r, dict) and column in r]
-    if rows:    # GX's table of unexpected values with the rows' keys (its ID/PK columns)
+    if rows:    # GX's table of unexpected values and their counts; the rows: docs.explain
         import collections
 
         counts = collections.Counter(_text(r[column]) for r in rows)
-        result.update(partial_unexpected_counts=[{"value": v, "count": c} for v, c in counts.items()],
-                      unexpected_index_list=[{k: _text(v) for k, v in r.items()} for r in rows],
-                      unexpected_index_column_names=[k for k in rows[0] if k != column])
+        result.update(partial_unexpected_counts=[{"value": v, "count": c} for v, c in counts.items()])
     info = {"raised_exception": bool(entry.get("exception")), "exception_message": entry.get("exception"),
             "exception_traceback": None}
     return cls(success=bool(entry.get("success")), expectation_config=config, result=result, exception_info=info)
