@@ -12,6 +12,7 @@ work is draftgate/repair/run.py's. Exit 1 on unusable input or params, or an eng
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         require_passed(args.gate, "gate_tokens", "fix the tokens before repairing them")
         started = time.perf_counter()
         request = load_request(params, args.tokens, args.vocab, args.responses)
-        table, figures = run(request)
+        table, figures = run(dataclasses.replace(request, progress=_progress(started)))
     except (ParamsError, GateNotPassed, RepairError) as e:
         print(f"repair: {e}", file=sys.stderr)
         return 1
@@ -52,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     write_parquet(args.out, table)
     StageMetrics("repair", rows_in, rows_out, figures=figures, params=as_dict(params.repair)).write(args.metrics)
     return 0
+
+
+def _progress(started: float):
+    def report(done: int, total: int, counts) -> None:
+        print(f"repair {done}/{total} rows: {counts['repaired']} repaired, {counts['kept']} kept, "
+              f"{counts['not_searched']} not searched ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    return report
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ class Request:
     vocab: Vocab
     params: RepairParams
     truth: dict[str, list[int]] | None = None   # prompt id -> the backend's own ids: grading only
+    progress: Any = None                         # called (rows done, rows, counts) now and then
 
 
 def target_length(billed: int | None, convention: str | None, ends_with_end: bool) -> int | None:
@@ -72,7 +73,9 @@ def run(request: Request) -> tuple[Any, dict]:
     rows = request.tokens.to_pylist()
     counts: Counter = Counter()
     forwards = tokens_scored = candidates = 0
-    for row in rows:
+    for done, row in enumerate(rows):
+        if request.progress is not None and done and done % 16 == 0:
+            request.progress(done, len(rows), counts)
         for name, _, _ in COLUMNS:
             row[name] = None
         if row["quarantine_reason"] is not None or row["method"] != "text" or p.backend == "off":
