@@ -47,8 +47,10 @@ interop: $(ISTAMP)
 
 # Each export loaded by speculators' and SpecForge's own classes, compared with draftgate's
 # forward (docs/drafter.md, "Checked by the libraries"); then the corruptions that must fail it.
+# Then hidden states in from SpecForge and gated data out to both, read by their own loaders
+# (docs/interop.md).
 interop-check: setup interop
-	DRAFTGATE_INTEROP=required $(PY) -m pytest -q -p no:cacheprovider tests/test_interop.py
+	DRAFTGATE_INTEROP=required $(PY) -m pytest -q -p no:cacheprovider tests/test_interop.py tests/test_interop_data.py
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

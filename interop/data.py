@@ -1,12 +1,16 @@
 """Training data in and out of SpecForge and speculators, run by the side environment's Python
 (make interop); nothing of draftgate is imported here (docs/interop.md, "Hidden states and data").
 
-    .venv-interop/bin/python interop/data.py write-specforge SRC OUT
+    .venv-interop/bin/python interop/data.py [--write-specforge SRC OUT] [--load EXPORT OUT]
+
+Both in one call when given both (one interpreter start: the test pays the imports once).
+
+    --write-specforge SRC OUT
         SpecForge's own writer: each SRC/sample_<i>.safetensors (input_ids, loss_mask, hidden_state
         [1,T,H], aux_hidden_state [1,T,3H]) put into a LocalFeatureStore whose dump folder is
         OUT/rows_0-5000, which torch.saves `data_<i>.ckpt` (the layout of prepare_hidden_states.py);
         then read back by its OfflineManifestReader to prove the files are its own.
-    .venv-interop/bin/python interop/data.py load EXPORT OUT
+    --load EXPORT OUT
         draftgate's export (stages/export_data.py) read by each library's training loaders:
         SpecForge: build_offline_eagle3_dataset (OfflineEagle3Dataset) per item, the
         OfflineManifestReader + LocalFeatureStore + eagle3 normaliser path, DataCollatorWithPadding
@@ -150,19 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    w = sub.add_parser("write-specforge")
-    w.add_argument("src", type=Path)
-    w.add_argument("out", type=Path)
-    r = sub.add_parser("load")
-    r.add_argument("export", type=Path)
-    r.add_argument("out", type=Path)
+    ap.add_argument("--write-specforge", nargs=2, type=Path, metavar=("SRC", "OUT"))
+    ap.add_argument("--load", nargs=2, type=Path, metavar=("EXPORT", "OUT"))
     a = ap.parse_args(argv)
+    if not (a.write_specforge or a.load):
+        ap.error("give --write-specforge SRC OUT, --load EXPORT OUT, or both")
     torch.set_num_threads(1)
-    report = write_specforge(a.src, a.out) if a.cmd == "write-specforge" else load(a.export, a.out)
+    report = {}
+    if a.write_specforge:
+        report["write_specforge"] = write_specforge(*a.write_specforge)
+    if a.load:
+        report["load"] = load(*a.load)
+        (a.load[1] / "report.json").write_text(json.dumps(report["load"], indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=1))
-    if a.cmd == "load":
-        (a.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

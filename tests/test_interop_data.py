@@ -58,11 +58,15 @@ def world(tmp_path_factory):
 # ------------------------------------------------------------ in: SpecForge -> draftgate
 
 @pytest.fixture(scope="module")
-def specforge_dir(world):
-    """SpecForge's files for the kept rows (file order 2, 0, 1), written by SpecForge's own code.
-    The final state is the norm's output of a float32 forward, stored in bfloat16 as SGLang's is."""
+def side_run(world):
+    """Both directions' side work in one call: SpecForge's own writer over the kept rows' features
+    (file order 2, 0, 1), and each library's loaders over draftgate's export of the clean rows.
+    SpecForge's final state is the norm's output of a float32 forward, stored in bfloat16 as SGLang's is."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
+
+    from draftgate.config import load_params
+    from draftgate.hidden.export import export_data
 
     t = target()
     src = world["root"] / "specforge_src"
@@ -76,11 +80,20 @@ def specforge_dir(world):
                    "hidden_state": after.to(torch.bfloat16).reshape(1, t_len, -1).contiguous(),
                    "aux_hidden_state": f.aux.to(torch.bfloat16).reshape(1, t_len, -1).contiguous()},
                   str(src / f"sample_{i}.safetensors"))
-    out = world["root"] / "specforge_out"
-    report = json.loads(side("write-specforge", src, out).stdout)
-    assert report == {"written": 3, "read_back": 3,
-                      "keys": ["aux_hidden_state", "hidden_state", "input_ids", "loss_mask"]}
-    return out
+    export = world["root"] / "export"
+    # The API with the session's target (the CLI, which loads its own, is tested below).
+    export_data(world["clean"], world["tokens"], export, load_params(world["params"]), target=target())
+    specforge, loaded = world["root"] / "specforge_out", world["root"] / "loaded"
+    report = json.loads(side("--write-specforge", src, specforge, "--load", export, loaded).stdout)
+    return {"specforge": specforge, "write_report": report["write_specforge"], "export": export,
+            "report": report["load"], "loaded": load_file(str(loaded / "loaded.safetensors"))}
+
+
+@pytest.fixture(scope="module")
+def specforge_dir(side_run):
+    assert side_run["write_report"] == {"written": 3, "read_back": 3,
+                                        "keys": ["aux_hidden_state", "hidden_state", "input_ids", "loss_mask"]}
+    return side_run["specforge"]
 
 
 def import_specforge(world, hs, out):
@@ -164,18 +177,8 @@ def test_training_refuses_an_after_norm_import(world, specforge_dir, tmp_path):
 # ------------------------------------------------------------ out: draftgate -> SpecForge, speculators
 
 @pytest.fixture(scope="module")
-def exported(world):
-    from stages.export_data import main
-
-    out = world["root"] / "export"
-    gate = write_gate(world["root"] / "gate_hidden.json")
-    assert main(["--params", str(world["params"]), "--hidden", str(world["clean"]), "--tokens", str(world["tokens"]),
-                 "--gate", str(gate), "--out", str(out)]) == 0
-    loaded = world["root"] / "loaded"
-    side("load", out, loaded)
-    from safetensors.torch import load_file
-
-    return out, json.loads((loaded / "report.json").read_text()), load_file(str(loaded / "loaded.safetensors"))
+def exported(side_run):
+    return side_run["export"], side_run["report"], side_run["loaded"]
 
 
 def test_the_export_takes_the_training_rows_in_table_order_and_writes_its_record_last(world, exported):

@@ -84,10 +84,15 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
     if not hidden_dir.is_dir():
         raise GateError(f"{hidden_dir}: no hidden-state directory; run the hidden stage (dvc repro hidden)")
     manifest = read_manifest(hidden_dir)
+    # A declared after-norm final state (a SpecForge import: docs/interop.md) is recomputed as such:
+    # scored without the norm, compared with the norm's output. A wrong declaration fails the
+    # final-state chain and the re-extraction, so the claim is checked, not trusted.
+    post_norm = manifest.get("final_state") == "after_norm"
     chosen = choose_resample(hidden_dir, gp.resample_rows, gp.resample_seed)
     timer = {"aux_chain_s": 0.0}
-    rows, shards, stored = scan_shards(hidden_dir, manifest, target, kept, greedy, gp.top_k, chosen, layers, timer)
-    errors = resample(stored, target, layers)
+    rows, shards, stored = scan_shards(hidden_dir, manifest, target, kept, greedy, gp.top_k, chosen, layers, timer,
+                                       post_norm)
+    errors = resample(stored, target, layers, post_norm)
     for r in rows:
         r.update(errors.get((r["shard"], r["row"]), {"resampled": False}))
         dtype = r.pop("dtype", None)
@@ -201,7 +206,7 @@ def choose_resample(hidden_dir: Path, n: int, seed: int) -> set[tuple[str, int]]
 
 def scan_shards(hidden_dir: Path, manifest: dict, target: Any, kept: dict[str, KeptRow], greedy: bool,
                 top_k: int, chosen: set[tuple[str, int]], layers: list[int],
-                timer: dict | None = None) -> tuple[list[dict], list[dict], dict]:
+                timer: dict | None = None, post_norm: bool = False) -> tuple[list[dict], list[dict], dict]:
     """Every shard on disk, row by row, plus manifest shards that are missing on disk.
 
     Returns (rows, shards, stored): `stored` maps the `chosen` (shard, row) keys to copies of
@@ -224,7 +229,8 @@ def scan_shards(hidden_dir: Path, manifest: dict, target: Any, kept: dict[str, K
             fact["sha256"] = file_sha256(path)
             fact["bytes"] = path.stat().st_size
             try:
-                shard_rows, shard_stored = read_shard(path, fact, target, kept, greedy, top_k, chosen, layers, timer)
+                shard_rows, shard_stored = read_shard(path, fact, target, kept, greedy, top_k, chosen, layers, timer,
+                                                      post_norm)
             except ShardError as e:
                 fact["problem"] = str(e)
             else:
@@ -241,7 +247,7 @@ class ShardError(ValueError):
 
 def read_shard(path: Path, fact: dict, target: Any, kept: dict[str, KeptRow], greedy: bool,
                top_k: int, chosen: set[tuple[str, int]], layers: list[int] | None = None,
-               timer: dict | None = None) -> tuple[list[dict], dict]:
+               timer: dict | None = None, post_norm: bool = False) -> tuple[list[dict], dict]:
     import time
 
     import numpy as np
@@ -298,11 +304,11 @@ def read_shard(path: Path, fact: dict, target: Any, kept: dict[str, KeptRow], gr
         # Explain the tokens table's ids where the row is kept (the ids check compares the two).
         ref_ids = ref.input_ids if ref is not None else ids_np[a:b]
         ref_mask = ref.loss_mask if ref is not None else mask_np[a:b]
-        row.update(explain(final[a:b], ref_ids, ref_mask, target, greedy, top_k) if row["finite"] else
+        row.update(explain(final[a:b], ref_ids, ref_mask, target, greedy, top_k, post_norm) if row["finite"] else
                    {"scored": None, "explained": None, "logprob_sum": None})
         if row["finite"] and layers is not None and aux.shape[1] == len(layers):
             started = time.perf_counter()
-            row.update(aux_chain(aux[a:b], final[a:b], ref_ids, ref_mask, target, layers))
+            row.update(aux_chain(aux[a:b], final[a:b], ref_ids, ref_mask, target, layers, post_norm))
             if timer is not None:
                 timer["aux_chain_s"] += time.perf_counter() - started
         rows.append(row)
@@ -317,11 +323,12 @@ def _int(v: Any) -> int | None:
 
 # ------------------------------------------------------------ features explain the tokens
 
-def explain(final: Any, ids: Any, mask: Any, target: Any, greedy: bool, top_k: int) -> dict:
+def explain(final: Any, ids: Any, mask: Any, target: Any, greedy: bool, top_k: int, post_norm: bool = False) -> dict:
     """Score the completion tokens: the state at t must predict the token at t+1.
 
     Positions t with loss_mask[t+1] = 1 (tokens the target generated). Logits = LM head of the
-    final norm of the stored state (stored before the norm: docs/hidden-states.md). A greedy row's
+    final norm of the stored state (stored before the norm: docs/hidden-states.md; a declared
+    after-norm state goes to the head as it is, as SpecForge's TargetHead does). A greedy row's
     token must be the argmax; a sampled row's within the top_k (ties counted in its favour).
     A row whose stored length differs from the ids scores only the overlap (the ids check fails it).
     """
@@ -340,7 +347,7 @@ def explain(final: Any, ids: Any, mask: Any, target: Any, greedy: bool, top_k: i
     with torch.inference_mode():
         for s in range(0, int(index.numel()), LOGIT_CHUNK):
             h = final[index[s:s + LOGIT_CHUNK]].to(device=param.device, dtype=param.dtype)
-            logits = head(norm(h)).float()
+            logits = head(h if post_norm else norm(h)).float()
             want = nxt[s:s + LOGIT_CHUNK].to(logits.device)
             valid = (want >= 0) & (want < logits.shape[1])    # an id outside the vocabulary explains nothing
             chosen = logits.gather(1, want.clamp(0, logits.shape[1] - 1)[:, None])
@@ -362,7 +369,8 @@ class _Enough(Exception):
     """Raised by a forward hook once the layer the gate needs has run: the rest is not computed."""
 
 
-def aux_chain(aux: Any, final: Any, ids: Any, mask: Any, target: Any, layers: list[int]) -> dict:
+def aux_chain(aux: Any, final: Any, ids: Any, mask: Any, target: Any, layers: list[int],
+              post_norm: bool = False) -> dict:
     """Tie every row's three aux slots to its ids and to its (separately verified) final state,
     for a fraction of a forward pass (docs/hidden-gate.md, "Every row's aux features"):
 
@@ -390,6 +398,9 @@ def aux_chain(aux: Any, final: Any, ids: Any, mask: Any, target: Any, layers: li
         low = first_layers(target, ids.to(param.device), layers[lo])
         out["low_error"] = rel_err(aux[:, lo], low)
     top = last_layers(target, aux[:, hi].to(device=param.device, dtype=param.dtype), layers[hi] + 1)
+    if post_norm:   # the declared after-norm state is the norm's output of what the last layers give
+        with torch.inference_mode():
+            top = target.norm(top)
     out["top_error"] = rel_err(final, top)
     m = torch.as_tensor(mask)[: aux.shape[0]] != 0
     if int(m.sum()) >= MIN_MARGIN_POSITIONS:
@@ -443,9 +454,10 @@ def last_layers(target: Any, hidden: Any, start: int) -> Any:
 
 # ------------------------------------------------------------ independent re-extraction
 
-def resample(stored: dict, target: Any, layers: list[int]) -> dict:
+def resample(stored: dict, target: Any, layers: list[int], post_norm: bool = False) -> dict:
     """Re-extract the chosen rows with the model's own output_hidden_states; per row the
-    relative L2 error of each stored aux slot and of the final state."""
+    relative L2 error of each stored aux slot and of the final state (the final norm's input, or
+    its output for a declared after-norm state)."""
     import torch
 
     base = target.base
@@ -458,7 +470,11 @@ def resample(stored: dict, target: Any, layers: list[int]) -> dict:
         def grab(_module: Any, args: Any) -> None:   # the final norm's input: the state before it
             seen["final"] = args[0]
 
-        handle = target.norm.register_forward_pre_hook(grab)
+        def grab_output(_module: Any, _args: Any, output: Any) -> None:   # the state after it
+            seen["final"] = output
+
+        handle = (target.norm.register_forward_hook(grab_output) if post_norm
+                  else target.norm.register_forward_pre_hook(grab))
         try:
             with torch.inference_mode():
                 res = base(input_ids=ids[None].to(param.device), output_hidden_states=True, use_cache=False)

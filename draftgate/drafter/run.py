@@ -53,6 +53,12 @@ def setup(params: Params, hidden_dir: Path, tokens_path: Path, target: Any = Non
         raise RunError(str(e)) from None
     try:
         manifest = read_manifest(hidden_dir)
+        if manifest.get("final_state", "before_norm") != "before_norm":
+            # The teacher runs the target's norm + LM head over the stored final state; a state
+            # already normed (a SpecForge import, docs/interop.md) would be normed twice.
+            raise RunError(f"{hidden_dir}/manifest.json: final_state {manifest.get('final_state')!r}; training "
+                           "reads final states before the norm. Extract with the hidden stage, or export "
+                           "these rows to SpecForge (python -m stages.export_data) and train there")
         # The earliest the target's vocabulary is known to training: before hashing the tokens or
         # loading the target (vocab_from_tokens would refuse it too, after both).
         vocab = (manifest.get("model") or {}).get("vocab_size")

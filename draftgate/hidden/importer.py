@@ -182,17 +182,7 @@ def import_speculators(hs_dir: Path, dataset: Path, tokens_path: Path, out: Path
                        vllm_layers: Sequence[int] | None = None) -> dict[str, Any]:
     import numpy as np
 
-    from draftgate.hidden.capture import layer_names
-    from draftgate.hidden.shards import (
-        ITEMSIZE,
-        TokenRows,
-        merge,
-        plan_shards,
-        read_token_rows,
-        resume,
-        shard_bytes,
-        write_shard,
-    )
+    from draftgate.hidden.shards import TokenRows, read_token_rows
 
     start = time.perf_counter()
     samples = read_dataset(dataset)
@@ -213,31 +203,43 @@ def import_speculators(hs_dir: Path, dataset: Path, tokens_path: Path, out: Path
         ids_of.append(ids.numpy())
         mask_of.append(np.asarray(mask, dtype=np.uint8))
     rows = TokenRows([pids[k] for k in present], ids_of, mask_of, tokens.sha256)
-    key = {"tokens_sha256": tokens.sha256, "weights_fingerprint": target.weights_fingerprint,
-           "config_sha256": target.config_sha256, "layers": list(layers), "dtype": hp.dtype,
-           "source": "speculators", "shard_max_mb": hp.shard_max_mb}
-    fields = {"mode": "offline", "tokens_sha256": tokens.sha256, "model": target.identity,
-              "tokenizer_fingerprint": target.tokenizer_fingerprint, "dtype": hp.dtype,
-              "layers": layer_names(layers, target.num_layers), "final_state": "before_norm",
-              "feature_bytes_per_token": 4 * target.hidden_size * ITEMSIZE[hp.dtype],
-              "source": {"format": "speculators", "hs_dir": str(hs_dir), "dataset": str(dataset),
-                         "vllm_layers": [i + 1 for i in layers] + [target.num_layers]}}
-    plans = plan_shards(rows.lengths, rows.prompt_ids, target.hidden_size, hp.dtype, hp.shard_max_mb, hp.batch_tokens)
-    resumed = resume(out, plans, rows, key)
-    for plan in plans:
-        if plan.name in resumed.trusted:
-            continue
-        features = {}
-        for i in plan.rows:
-            _, aux, final = load_sample(files[samples[present[i]].index], hp.dtype)
-            features[i] = (aux, final)
-        write_shard(out, plan, shard_bytes(rows, plan, features), key)
-    manifest = merge(out, plans, rows, key, fields)
+    source = {"format": "speculators", "hs_dir": str(hs_dir), "dataset": str(dataset),
+              "vllm_layers": [i + 1 for i in layers] + [target.num_layers]}
+
+    def features(i: int) -> tuple[Any, Any]:
+        _, aux, final = load_sample(files[samples[present[i]].index], hp.dtype)
+        return aux, final
+
+    manifest, resumed = write_imported(out, rows, features, target, hp, layers, "before_norm", source)
     return {"samples": len(samples), "imported": len(present), "missing_files": len(samples) - len(present),
             "unmatched": sum(p.startswith("speculators:") for p in rows.prompt_ids),
             "extra_files": len(set(files) - {s.index for s in samples}), "rows": manifest["rows"],
-            "tokens": manifest["tokens"], "shards": len(manifest["shards"]), "resumed_shards": len(resumed.trusted),
+            "tokens": manifest["tokens"], "shards": len(manifest["shards"]), "resumed_shards": resumed,
             "layers": list(layers), "seconds": round(time.perf_counter() - start, 2)}
+
+
+def write_imported(out: Path, rows: Any, features: Any, target: Any, hp: Any, layers: Sequence[int],
+                   final_state: str, source: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """Shards, index and manifest of imported rows through draftgate.hidden.shards (the hidden
+    stage's own plan, resume and atomic writes). `features(i)` gives row i's (aux [T,3,H], final [T,H]);
+    `final_state` is what the source stored ("before_norm" or "after_norm": docs/interop.md), written
+    into the manifest for the gate to recompute under and for training to honour."""
+    from draftgate.hidden.capture import layer_names
+    from draftgate.hidden.shards import ITEMSIZE, merge, plan_shards, resume, shard_bytes, write_shard
+
+    key = {"tokens_sha256": rows.sha256, "weights_fingerprint": target.weights_fingerprint,
+           "config_sha256": target.config_sha256, "layers": list(layers), "dtype": hp.dtype,
+           "source": source["format"], "final_state": final_state, "shard_max_mb": hp.shard_max_mb}
+    fields = {"mode": "offline", "tokens_sha256": rows.sha256, "model": target.identity,
+              "tokenizer_fingerprint": target.tokenizer_fingerprint, "dtype": hp.dtype,
+              "layers": layer_names(layers, target.num_layers), "final_state": final_state,
+              "feature_bytes_per_token": 4 * target.hidden_size * ITEMSIZE[hp.dtype], "source": source}
+    plans = plan_shards(rows.lengths, rows.prompt_ids, target.hidden_size, hp.dtype, hp.shard_max_mb, hp.batch_tokens)
+    resumed = resume(out, plans, rows, key)
+    for plan in plans:
+        if plan.name not in resumed.trusted:
+            write_shard(out, plan, shard_bytes(rows, plan, {i: features(i) for i in plan.rows}), key)
+    return merge(out, plans, rows, key, fields), len(resumed.trusted)
 
 
 # ------------------------------------------------------------ CLI
