@@ -42,7 +42,9 @@ def tokens_table(path: Path, tok, texts=PROMPTS, answer: str = "Sure.") -> Path:
     for i, text in enumerate(list(texts) + ["A training prompt that must never be evaluated."]):
         p = chat_prompt(tok, text)
         c = tok.hf.encode(answer + "<|im_end|>", add_special_tokens=False)
+        # Two datasets, one serving mode (ChatML has no thinking switch): the report groups by both.
         rows.append({"prompt_id": f"h{i}", "split": "heldout" if i < len(texts) else "train",
+                     "dataset": f"set{i % 2}", "mode": "no_think",
                      "input_ids": p + c, "loss_mask": [0] * len(p) + [1] * len(c), "quarantine_reason": None})
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path

@@ -20,9 +20,12 @@ EVAL = {"proposers": ["eagle3", "ngram", "oracle"], "k": 3, "max_new_tokens": 12
         "ngram_min": 5, "ngram_max": 5, "ngram_sweep": [[1, 2]], "bootstrap_samples": 200, "device": "cpu"}
 
 
-def write_params(path: Path, floor: float = 1.0) -> Path:
+def write_params(path: Path, floor: float = 1.0, mode_floor: float | None = 1.0, served=None) -> Path:
+    # mode_floor 1.0: every served mode must be measured (the pass below holds it too).
     path.write_text(yaml.safe_dump({"hidden": {"device": "cpu"}, "eval": EVAL,
-                                    "gates": {"eval": {"min_acceptance_length": floor}}}))
+                                    "gates": {"eval": {"min_acceptance_length": floor,
+                                                       "min_mode_acceptance_length": mode_floor}},
+                                    **({"serving": {"modes": served}} if served else {})}))
     return path
 
 
@@ -129,6 +132,30 @@ def test_an_acceptance_floor_above_the_drafters_length_fails_the_gate(staged):
     floor = checks["drafter_acceptance_length"]
     assert not floor["success"] and 1.0 <= floor["observed_value"] < 3.0
     assert checks["diverges_from_greedy"]["success"]
+
+
+def test_the_report_gives_acceptance_per_dataset_and_per_mode_with_intervals_and_the_mode_gap(staged):
+    m = json.loads((staged / "metrics" / "eval.json").read_text())["drafter"]
+    assert set(m["by_dataset"]) == {"set0", "set1"} and set(m["by_mode"]) == {"no_think"}
+    assert [g["prompts"] for g in m["by_dataset"].values()] == [1, 1] and m["by_mode"]["no_think"]["prompts"] == 2
+    for group in (*m["by_dataset"].values(), *m["by_mode"].values()):
+        assert group["ci95"]["low"] <= group["acceptance_length"] <= group["ci95"]["high"]
+    assert m["by_mode"]["no_think"]["acceptance_length"] == m["acceptance_length"]
+    assert m["mode_gap"]["gap"] == 0.0       # one served mode: best and worst are the same
+    details = json.loads((staged / "metrics" / "eval.details.json").read_text())
+    assert details["drafter"]["mode_gap"] == {"unmeasured": [], "best": "no_think", "worst": "no_think", "gap": 0.0}
+
+
+def test_a_per_mode_floor_fails_a_served_mode_below_it_or_without_held_out_prompts(staged):
+    # The mode is recomputed from the prompt ids by the gate's check: SmolLM2's ChatML serves no_think,
+    # which passes a floor of 1.0 (test_the_gate_passes_the_outputs_as_written) but not 3.0.
+    rc, checks = gate(staged, staged / "out" / "outputs.parquet", write_params(staged / "m3.yaml", mode_floor=3.0))
+    assert rc == 1 and "no_think" in checks["modes_below_floor"]["unexpected_sample"][0]
+    # A profile that also serves thinking on, which no held-out prompt of this target is in.
+    served = [{"thinking": False}, {"thinking": True}]
+    rc, checks = gate(staged, staged / "out" / "outputs.parquet",
+                      write_params(staged / "m4.yaml", mode_floor=1.0, served=served))
+    assert rc == 1 and "think unmeasured" in checks["modes_below_floor"]["unexpected_sample"][0]
 
 
 def test_a_divergence_to_the_runner_up_within_the_tolerance_is_counted_not_failed(staged, smollm2_tok):

@@ -12,15 +12,19 @@ with max_new_tokens from `eval:`.
                   divergence, the target's top two logits there (a divergence is a tie when the
                   output took the runner-up within `gates.eval.tie_tolerance`), and after a tie
                   the rest of the output teacher-forced (each token the argmax within tolerance);
-                  the stop rule and the per-step counts re-derived from the lists themselves
+                  the stop rule and the per-step counts re-derived from the lists themselves;
+                  the prompt's serving mode recomputed from its ids (checks/serving.py)
     eval_facts    one row: the prompts expected (kept held-out rows, eval.max_prompts), k,
-                  max_new_tokens, the tolerance
+                  max_new_tokens, the tolerance, the per-mode floor (gates.eval.min_mode_acceptance_length)
+    eval_served   the served modes (serving.modes): each must reach the floor on its prompts
 
 Nothing here decides: expectations/eval.json's view compares and judges (docs/evaluation.md).
 """
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,7 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
     except EvalError as e:
         raise GateError(str(e)) from None
     outputs = read_outputs(inputs["eval"])
+    modes = _modes(params, prompts)
 
     from draftgate.hidden.target import load_target
 
@@ -58,16 +63,45 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
     runs = greedy_all(target.model, target.device, [prompts[p].prompt for p in named], ep.max_new_tokens,
                       end_ids, ep.batch_size)
     greedy = dict(zip(named, runs))
-    rows = [check_row(r, prompts.get(r["prompt_id"]), greedy.get(r["prompt_id"]), target, ep.k,
-                      ep.max_new_tokens, end_ids, gp.tie_tolerance) for r in outputs]
-    facts = [{"expected_prompts": expected, "k": ep.k, "max_new_tokens": ep.max_new_tokens,
-              "tie_tolerance": gp.tie_tolerance, "greedy_prompts": len(greedy)}]
+    rows = [{**check_row(r, prompts.get(r["prompt_id"]), greedy.get(r["prompt_id"]), target, ep.k,
+                         ep.max_new_tokens, end_ids, gp.tie_tolerance), "mode": modes.get(r["prompt_id"])}
+            for r in outputs]
+    facts = pa.Table.from_pylist(
+        [{"expected_prompts": expected, "k": ep.k, "max_new_tokens": ep.max_new_tokens,
+          "tie_tolerance": gp.tie_tolerance, "greedy_prompts": len(greedy),
+          "mode_floor": gp.min_mode_acceptance_length}],
+        schema=pa.schema([("expected_prompts", pa.int64()), ("k", pa.int64()), ("max_new_tokens", pa.int64()),
+                          ("tie_tolerance", pa.float64()), ("greedy_prompts", pa.int64()),
+                          ("mode_floor", pa.float64())]))
+    served = pa.table({"mode": pa.array([m.name for m in params.serving.modes], pa.string())})
     report = {"greedy_prompts": len(greedy), "rows": len(rows),
               "exact_rows": sum(1 for r in rows if r["exact"]),
               "tie_rows": sum(1 for r in rows if r["tie"]),
               "unexplained_rows": sum(1 for r in rows if r["unexplained"] > 0)}
+    report["prompts_by_mode"] = dict(sorted(Counter(modes.values()).items()))
     return Computed(tables={"eval_checks": pa.Table.from_pylist(rows, schema=checks_schema()),
-                            "eval_facts": pa.Table.from_pylist(facts)}, report=report)
+                            "eval_facts": facts, "eval_served": served}, report=report)
+
+
+def _modes(params: Any, prompts: dict[str, Any]) -> dict[str, str]:
+    """Each held-out prompt's serving mode recomputed from its prompt ids (checks/serving.py's rule),
+    the think and special ids resolved by name from the tokenizer, as the end ids are here."""
+    from draftgate.checks.serving import prompt_mode, tool_signature
+    from draftgate.templates import get_template
+    from draftgate.tokenizers import load_tokenizer
+
+    template = get_template(params.template.name)
+    tok = load_tokenizer(params.tokenizer)
+    think = tuple(tok.token_id(n) for n in template.think_tokens) if template.think_tokens else None
+    signature = tool_signature(params, {n: tok.token_id(n) for n in template.special_names})
+    blank_bytes = frozenset(b" \t\n\r")
+
+    @functools.lru_cache(maxsize=None)
+    def blank(i: int) -> bool:
+        b = tok.token_bytes(i)
+        return bool(b) and all(ch in blank_bytes for ch in b)
+
+    return {pid: prompt_mode(h.prompt, think, blank, signature) for pid, h in prompts.items()}
 
 
 def checks_schema() -> Any:
@@ -78,7 +112,8 @@ def checks_schema() -> Any:
         ("heldout", pa.bool_()), ("n_output", pa.int64()), ("n_greedy", pa.int64()),
         ("exact", pa.bool_()), ("first_divergence", pa.int64()), ("divergence_gap", pa.float64()),
         ("tie", pa.bool_()), ("ties_after", pa.int64()), ("unexplained", pa.int64()),
-        ("stop_ok", pa.bool_()), ("steps_ok", pa.bool_()), ("verify_forwards", pa.int64())])
+        ("stop_ok", pa.bool_()), ("steps_ok", pa.bool_()), ("verify_forwards", pa.int64()),
+        ("mode", pa.string())])     # the prompt's serving mode, recomputed from its ids
 
 
 def read_outputs(path: str) -> list[dict]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from draftgate.gates.compute import Computed
 from draftgate.gates.suite import GateError
@@ -114,6 +114,22 @@ def _tokenizer(kind: str, path: str | None, trust_remote_code: bool) -> Any:
     from draftgate.tokenizers import load_tokenizer
 
     return load_tokenizer(TokenizerParams(kind=kind, path=path, trust_remote_code=trust_remote_code))
+
+
+def prompt_mode(ids: list[int], think: tuple[int, int] | None, blank: Callable[[int], bool],
+                signature: list[int] | None) -> str:
+    """A prompt's serving mode from its ids, by the rule expectations/composition.json's SQL applies:
+    thinking off when the prompt ends on a closed think block (its last think marker is the close,
+    only blank ids after it) or the template has no think markers; tools when it holds `signature`.
+    For the eval gate, which holds per-mode floors over held-out prompts."""
+    from draftgate.config import mode_name
+
+    thinking = False
+    if think is not None:
+        last = next((i for i in range(len(ids) - 1, -1, -1) if ids[i] in think), None)
+        thinking = not (last is not None and ids[last] == think[1] and all(blank(t) for t in ids[last + 1:]))
+    tools = signature is not None and ("," + ",".join(map(str, signature)) + ",") in ("," + ",".join(map(str, ids)) + ",")
+    return mode_name(thinking, tools)
 
 
 def common_run(holders: list[list[int]], others: list[list[int]], shortest: int) -> list[int] | None:

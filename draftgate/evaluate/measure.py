@@ -21,7 +21,7 @@ def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None
     from draftgate.evaluate.proposers import (
         Eagle3Proposer, NgramProposer, OracleProposer, RandomProposer)
     from draftgate.evaluate.run import (
-        Run, decode_all, end_ids_from_contract, heldout_rows, load_eagle3, outputs_table,
+        Run, by_group, decode_all, end_ids_from_contract, heldout_rows, load_eagle3, mode_gap, outputs_table,
         simulated_acceptance, summarise)
     from draftgate.hidden.target import load_target
 
@@ -74,6 +74,14 @@ def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None
             timed("random", "random", k, lambda: RandomProposer(target.vocab_size, ep.seed))
 
     summaries = {r.setting: summarise(r, ep.k, ep.bootstrap_samples, ep.seed) for r in runs}
+    # Per dataset and per serving mode (the tokens table's labels; the eval gate recomputes the
+    # mode from the prompt ids), and the gap between the best and worst served mode.
+    served = [m.name for m in params.serving.modes]
+    for r in runs:
+        s = summaries[r.setting]
+        s["by_dataset"] = by_group(r, prompts, lambda p: p.dataset or "unknown", ep.bootstrap_samples, ep.seed)
+        s["by_mode"] = by_group(r, prompts, lambda p: p.mode or "unknown", ep.bootstrap_samples, ep.seed)
+        s["mode_gap"] = mode_gap(s["by_mode"], served)
     report: dict = {"_prompts": len(prompts), "_rows": len(prompts) * len(runs),
                     "k": ep.k, "max_new_tokens": ep.max_new_tokens,
                     "definition": "acceptance_length = tokens emitted per target verify forward, bonus token "
@@ -105,4 +113,8 @@ def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None
             r = report[name]
             print(f"  {name}: acceptance length {r['acceptance_length']:.3f} "
                   f"(95% CI {r['ci95']['low']:.3f}-{r['ci95']['high']:.3f})")
+            for group in ("by_dataset", "by_mode"):
+                for g, v in r[group].items():
+                    print(f"    {g:<14} {v['acceptance_length']:.3f} (95% CI {v['ci95']['low']:.3f}-"
+                          f"{v['ci95']['high']:.3f}, {v['prompts']} prompts)")
     return outputs_table(prompts, runs), report

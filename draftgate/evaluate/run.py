@@ -27,6 +27,8 @@ class HeldOut:
     prompt: list[int]          # the leading loss_mask == 0 part of input_ids
     input_ids: list[int]       # prompt + the reference completion (for the teacher-forced proxy)
     loss_mask: list[int]
+    dataset: str = ""
+    mode: str | None = None    # the serving mode the tokens table names (config.mode_name); reports group by it
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,9 @@ def heldout_rows(tokens_path: str | Path, max_prompts: int | None = None) -> lis
         raise EvalError(f"{path}: not found; run the reconstruct stage (dvc repro reconstruct)")
     cols = ["prompt_id", "split", "input_ids", "loss_mask", "quarantine_reason"]
     try:
-        table = pq.read_table(path, columns=cols)
+        # dataset and mode, when the table has them (reports per dataset and per serving mode).
+        names = set(pq.read_schema(path).names)
+        table = pq.read_table(path, columns=cols + [c for c in ("dataset", "mode") if c in names])
     except Exception as e:  # pyarrow's own error types
         raise EvalError(f"{path}: unreadable or missing columns {cols} ({type(e).__name__}: {e}); "
                         "rerun the reconstruct stage") from None
@@ -59,7 +63,8 @@ def heldout_rows(tokens_path: str | Path, max_prompts: int | None = None) -> lis
         n = next((i for i, m in enumerate(mask) if m), len(mask))
         if n == 0:
             raise EvalError(f"{path}: held-out row {r['prompt_id']} has no prompt (loss_mask starts with 1)")
-        rows.append(HeldOut(r["prompt_id"], list(r["input_ids"][:n]), list(r["input_ids"]), mask))
+        rows.append(HeldOut(r["prompt_id"], list(r["input_ids"][:n]), list(r["input_ids"]), mask,
+                            r.get("dataset") or "", r.get("mode")))
         if max_prompts is not None and len(rows) >= max_prompts:
             break
     if not rows:
@@ -137,6 +142,31 @@ def summarise(run: Run, k: int, samples: int, seed: int) -> dict[str, Any]:
         "prompts": len(run.outputs),
         "settings": dict(run.numbers),
     }
+
+
+def by_group(run: Run, prompts: Sequence[HeldOut], key: Callable[[HeldOut], str], samples: int,
+             seed: int) -> dict[str, dict[str, Any]]:
+    """Acceptance length and its bootstrap interval (over that group's prompts) per group of prompts."""
+    groups: dict[str, list[stats.PromptSteps]] = {}
+    for p, d in zip(prompts, run.outputs):
+        groups.setdefault(key(p), []).append(stats.PromptSteps(d.drafted, d.accepted, d.emitted))
+    out = {}
+    for name, steps in sorted(groups.items()):
+        lo, hi = stats.bootstrap_ci(steps, samples, seed)
+        out[name] = {"acceptance_length": stats.acceptance_length(steps), "ci95": {"low": lo, "high": hi},
+                     "prompts": len(steps)}
+    return out
+
+
+def mode_gap(by_mode: dict[str, dict[str, Any]], served: Sequence[str]) -> dict[str, Any]:
+    """Best and worst served mode by acceptance length, and the gap between them. A served mode
+    with no held-out prompt is named in `unmeasured`: its acceptance is unknown, not equal."""
+    measured = {m: by_mode[m]["acceptance_length"] for m in served if m in by_mode}
+    out: dict[str, Any] = {"unmeasured": [m for m in served if m not in by_mode]}
+    if measured:
+        best, worst = max(measured, key=measured.get), min(measured, key=measured.get)
+        out.update(best=best, worst=worst, gap=measured[best] - measured[worst])
+    return out
 
 
 def outputs_table(prompts: Sequence[HeldOut], runs: Sequence[Run]) -> Any:
