@@ -133,13 +133,19 @@ def test_corrupted_specforge_files_fail_the_gate_as_native_rows_do(world, specfo
     h = data["hidden_state"].shape[-1]
     data["aux_hidden_state"][..., :h] = data["aux_hidden_state"][..., h:2 * h]     # slot 0 := slot 1
     torch.save(data, path)
+    import gzip
+
+    good = bad / "rows_0-5000" / "data_0.ckpt"                    # row p2, gzipped as SpecForge also reads it
+    (good.parent / "data_0.ckpt.gz").write_bytes(gzip.compress(good.read_bytes()))
+    good.unlink()
     out = world["root"] / "from_specforge_bad"
     assert import_specforge(world, bad, out) == 0                   # the importer converts; the gate judges
+    assert json.loads((out / "manifest.json").read_text())["rows"] == 3
     result = run_hidden_gate(out, world["tokens"], world["params"])
     assert {"features_without_kept_row", "kept_row_without_features", "aux_not_this_row",
             "reextraction_differs"} <= failed(result)
-    bad_rows = [e for e in result["expectations"] if e["kwargs"].get("column") == "aux_not_this_row"][0]
-    assert "p1" in json.dumps(bad_rows)          # data_2 holds row p1 (files were written in order 2, 0, 1)
+    chain = json.dumps([e for e in result["expectations"] if e["kwargs"].get("column") == "aux_not_this_row"])
+    assert '"p1' in chain and '"p2' not in chain      # data_2 holds p1 (written in order 2, 0, 1); data_0 is clean
 
 
 def test_a_final_state_before_the_norm_declared_after_it_fails_the_chain_and_the_reextraction(world):

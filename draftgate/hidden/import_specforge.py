@@ -20,7 +20,8 @@ sorted, and the keys (docs/interop.md, "SpecForge's offline files"):
 
 As the speculators importer (draftgate/hidden/importer.py), this one converts and does not judge:
 each file becomes one row under the kept tokens row with exactly its ids (each used once, in table
-order), else `specforge:<file>`, which the gate fails as a row without a kept tokens row.
+order), else `specforge:<i>` (i: the file's position in that sorted list), which the gate
+fails as a row without a kept tokens row.
 
     python -m stages.import_hidden --format specforge --params params.yaml --hs DIR \\
         --tokens data/tokens/tokens.parquet --out data/hidden-specforge
@@ -83,8 +84,10 @@ def load_file(path: Path) -> dict[str, Any]:
     return raw
 
 
-def split_sample(path: Path, raw: dict[str, Any], hidden_size: int, dtype: str) -> tuple[Any, Any, Any, Any]:
-    """(input_ids int64 [T], loss_mask uint8 [T], aux [T,3,H], final [T,H]) in `dtype`."""
+def split_sample(path: Path, raw: dict[str, Any], hidden_size: int, dtype: str,
+                 features: bool = True) -> tuple[Any, Any, Any, Any]:
+    """(input_ids int64 [T], loss_mask uint8 [T], aux [T,3,H], final [T,H]) in `dtype`; with
+    features=False the shapes are checked (metadata of the memory-mapped file) and aux, final None."""
     import torch
 
     ids = raw["input_ids"].reshape(-1).to(torch.int64)
@@ -101,10 +104,12 @@ def split_sample(path: Path, raw: dict[str, Any], hidden_size: int, dtype: str) 
         raise SpecForgeError(f"{path}: hidden_state width {final.shape[1]}, aux_hidden_state width {aux.shape[1]}; "
                              f"the target's hidden size is {hidden_size} (3 aux layers: {3 * hidden_size}): "
                              "these features are another model's, or not 3 capture layers (check hidden: in params)")
+    mask = (mask != 0).to(torch.uint8)
+    if not features:
+        return ids, mask, None, None
     out = getattr(torch, dtype)
     # The concatenation [low | mid | high] on the last axis becomes our slot axis.
-    return (ids, (mask != 0).to(torch.uint8), aux.reshape(t, 3, hidden_size).to(out).contiguous(),
-            final.to(out).contiguous())
+    return ids, mask, aux.reshape(t, 3, hidden_size).to(out).contiguous(), final.to(out).contiguous()
 
 
 def import_specforge(ckpt_dir: Path, tokens_path: Path, out: Path, hp: Any,
@@ -125,7 +130,7 @@ def import_specforge(ckpt_dir: Path, tokens_path: Path, out: Path, hp: Any,
     # First pass: ids and masks (the files are memory-mapped; the features are read again per shard).
     samples, masks = [], []
     for i, path in enumerate(files):
-        ids, mask, _, _ = split_sample(path, load_file(path), target.hidden_size, hp.dtype)
+        ids, mask, _, _ = split_sample(path, load_file(path), target.hidden_size, hp.dtype, features=False)
         samples.append(Sample(i, ids.tolist(), mask.tolist()))
         masks.append(mask.numpy())
     pids = [p.replace("speculators:", "specforge:") for p in assign_prompt_ids(samples, tokens)]
