@@ -92,10 +92,20 @@ def test_repro_reconstructs_every_response_and_reports_the_text_methods_mismatch
 
     tokens = pq.read_table(small_repo / "data" / "tokens" / "tokens.parquet").to_pylist()
     assert len(tokens) == 12
-    assert {t["method"] for t in tokens} == {"truth"}
+    assert {t["method"] for t in tokens} == {"text"}          # the default rebuilds ids from text
     assert all(t["quarantine_reason"] is None for t in tokens)
     report = json.loads((small_repo / "metrics" / "mismatch.json").read_text())["datasets"]["all"]
     assert report["rows"] == 12 and report["exact"] + report["bpe_only"] + report["semantic"] == 12
+
+
+def test_repro_repairs_the_text_rows_and_breaks_none_the_server_made_exact(small_repo):
+    import pyarrow.parquet as pq
+
+    repaired = pq.read_table(small_repo / "data" / "repair" / "tokens.parquet").to_pylist()
+    assert len(repaired) == 12 and {t["repair_status"] for t in repaired} <= {"repaired", "kept"}
+    assert all(t["text_ids"] is not None for t in repaired if t["method"] == "repaired")
+    truth = json.loads((small_repo / "metrics" / "repair.json").read_text())["truth"]
+    assert truth["exact_broken"] == 0 and truth["differing_after"] <= truth["differing_before"]
 
 
 def test_a_second_repro_is_a_no_op(small_repo):
