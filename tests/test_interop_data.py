@@ -266,3 +266,13 @@ def test_an_after_norm_import_exports_to_specforge_only(world, specforge_dir, tm
     assert main(args + ["--formats", "specforge"]) == 0
     assert sorted(p.name for p in (tmp_path / "out" / "specforge" / "hidden_states").iterdir()) == \
         ["data_000000.ckpt", "data_000001.ckpt"]
+
+
+def test_the_speculators_format_needs_its_dataset_and_specforge_does_not():
+    from stages.import_hidden import parse_args
+
+    base = ["--params", "p.yaml", "--hs", "hs", "--tokens", "t.parquet", "--out", "o"]
+    with pytest.raises(SystemExit) as e:
+        parse_args(base)
+    assert e.value.code == 2
+    assert parse_args(["--format", "specforge", *base]).dataset is None
