@@ -169,12 +169,12 @@ def test_changed_params_recompute_everything(work, clean):
     assert json.loads((out / "manifest.json").read_text())["layers"]["eagle3"] == [2, 14, 26]
 
 
-def test_the_stage_refuses_to_run_after_a_failed_tokens_gate(work, tmp_path, capsys):
+def test_the_stage_refuses_to_run_after_a_failed_repair_gate(work, tmp_path, capsys):
     write_gate(tmp_path / "gate.json", success=False)
     args = stage_args(work, tmp_path / "out", work / "clean.yaml")
     args[args.index("--gate") + 1] = str(tmp_path / "gate.json")
     assert stage.main(args) == 1
-    assert "gate_tokens did not pass" in capsys.readouterr().err
+    assert "gate_repair did not pass" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
