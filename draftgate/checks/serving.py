@@ -30,7 +30,8 @@ from draftgate.gates.suite import GateError
 # and without a system turn (what merges with the system text is not the declaration's own), and
 # user turns that start differently (what follows the declaration is not part of it).
 _USERS = ("What is the weather in Oslo?", "\nAdd 2 and 3.", " list the files", "¿Qué tiempo hace?", "(x)", "- a", "Hi")
-_SYSTEM = {"role": "system", "content": "You are a careful assistant."}
+# Not "You are ...": Kimi-K2's default system turn starts so, and would pass for the declaration's.
+_SYSTEM = {"role": "system", "content": "Answer in French."}
 _TOOLS = (
     [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
                                        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -38,8 +39,9 @@ _TOOLS = (
     [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
                                        "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
                                                                                        "b": {"type": "integer"}}}}}],
-    # A name that starts with punctuation: the id before it cannot be taken for the declaration's.
-    [{"type": "function", "function": {"name": "_lookup", "parameters": {"type": "object", "properties": {}}}}],
+    # A name that starts with punctuation (the id before it cannot be taken for the declaration's),
+    # and no parameters (how a declaration's JSON ends is the tools', not the template's).
+    [{"type": "function", "function": {"name": "_lookup"}}],
 )
 MIN_SIGNATURE = 3    # ids: a shorter common run could sit in ordinary text
 
@@ -104,7 +106,12 @@ def tool_signature(params: Any, special_ids: dict[str, int]) -> list[int] | None
                         "contract stage with this template")
     ids = {n: special_ids[n] for n in template.special_names}
     encoded = encode_segments(tok, with_tools + without, ids)
-    return common_run(encoded[:len(with_tools)], encoded[len(with_tools):], MIN_SIGNATURE)
+    run = common_run(encoded[:len(with_tools)], encoded[len(with_tools):], MIN_SIGNATURE)
+    if run is None:   # never silently "no tools": the gate could not tell the mode at all
+        raise GateError(f"template {template.name}: no run of {MIN_SIGNATURE}+ ids is shared by every probe's tool "
+                        "declaration and absent without tools; the composition gate cannot tell a prompt's tools "
+                        "from its ids (draftgate/checks/serving.py: add the template's case)")
+    return run
 
 
 @functools.lru_cache(maxsize=4)
