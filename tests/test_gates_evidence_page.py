@@ -86,13 +86,12 @@ def test_one_completion_id_changed_shows_the_first_differing_token_with_its_cont
     assert g["table"].to_pylist()[1]["match"] == "exact"
     [row] = check(g["result"], "n_semantic")["offending_rows"]
     assert (row["prompt_id"], row["dataset"], row["text_first_diff"]) == ("p1", "chat", 1)
-    ids = g["ids"]
-    assert f'⟦{ids["here"]} " here"⟧' in row["text_ours"] and f'⟦{ids["there"]} " there"⟧' in row["text_truth"]
-    # A few decoded tokens either side, the same on both: "Hi" before, "." and the end token after.
-    for side in ("text_ours", "text_truth"):
-        assert row[side].startswith(f'{g["tok"].encode_ordinary("Hi")[0]} "Hi" · ⟦')
-        assert row[side].endswith(f'⟧ · {g["tok"].encode_ordinary(".")[0]} "." · '
-                                  f'{g["tok"].token_id("<|im_end|>")} "<|im_end|>"')
+    tok, ids = g["tok"], g["ids"]
+    [hi], [dot], end = tok.encode_ordinary("Hi"), tok.encode_ordinary("."), tok.token_id("<|im_end|>")
+    # The tokens before it (the same on both sides), then ours and the truth from the first difference on.
+    assert row["text_before"] == f'{hi} "Hi"'
+    assert row["text_ours"] == f'{ids["here"]} " here" · {dot} "." · {end} "<|im_end|>"'
+    assert row["text_truth"] == f'{ids["there"]} " there" · {dot} "." · {end} "<|im_end|>"'
 
 
 def test_a_prompt_id_swapped_shows_where_it_first_differs_from_the_ids_the_backend_served(tokens_gate):
@@ -101,9 +100,9 @@ def test_a_prompt_id_swapped_shows_where_it_first_differs_from_the_ids_the_backe
     assert row["prompt_id"] == "p2" and row["kept_prompt_differs_from_served"] == "p2"
     # <|im_start|> then the role: the second prompt id.
     assert row["prompt_first_diff"] == 1
-    assert row["prompt_ours"].startswith(f'{g["tok"].token_id("<|im_start|>")} "<|im_start|>" · '
-                                         f'⟦{g["ids"]["system"]} "system"⟧ · ')
-    assert f'⟦{g["ids"]["user"]} "user"⟧' in row["prompt_served"]
+    assert row["prompt_before"] == f'{g["tok"].token_id("<|im_start|>")} "<|im_start|>"'
+    assert row["prompt_ours"].startswith(f'{g["ids"]["system"]} "system" · ')
+    assert row["prompt_served"].startswith(f'{g["ids"]["user"]} "user" · ')
 
 
 def test_a_response_billed_one_more_token_shows_billed_vs_counted_and_the_convention(tokens_gate):
@@ -170,8 +169,8 @@ def test_headless_chromium_shows_each_checks_note_and_a_failed_checks_evidence_o
     # The failed checks' rows with the suite's evidence, escaped (ids decode to text like <|im_end|>).
     ids = tokens_gate["ids"]
     assert "Offending rows (the first 1, with the evidence the suite computed)" in tokens
-    assert (f'prompt_id dataset text_first_diff text_ours text_truth p1 chat 1 '
-            f'{tokens_gate["tok"].encode_ordinary("Hi")[0]} "Hi" · ⟦{ids["here"]} " here"⟧') in tokens
+    assert (f'prompt_id dataset text_first_diff text_before text_ours text_truth p1 chat 1 '
+            f'{tokens_gate["tok"].encode_ordinary("Hi")[0]} "Hi" {ids["here"]} " here" · ') in tokens
     counted = len(tokens_gate["tok"].encode("Hello!<|im_end|>"))
     assert (f"prompt_id dataset billed_completion counted_completion ends_with_end_token completion_convention "
             f"completion_residual p0 chat {counted + 1} {counted} true counts_end -1") in tokens
@@ -183,3 +182,20 @@ def test_headless_chromium_shows_each_checks_note_and_a_failed_checks_evidence_o
     assert (f'probe differs first_diff_char official_around ours_around official_bytes ours_bytes '
             f'{template_gate["probe"]["probe"]}') in template
     assert "65 72" in template and "45 72" in template and "us⟦E⟧r" in template
+
+
+def test_a_suite_whose_evidence_names_no_column_of_its_view_has_no_verdict_and_says_which(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt_id": ["a", "b"], "n": [1, 9]}), tmp_path / "t.parquet")
+    suite = {"name": "t", "view": "SELECT prompt_id, n, n * 2 AS twice FROM t", "expectations": [
+        {"type": "expect_column_max_to_be_between", "kwargs": {"column": "n", "max_value": 4},
+         "meta": {"notes": "n stays small.", "evidence": {"rows": "big", "columns": ["twice", "thrice"]}}}]}
+    (tmp_path / "t.json").write_text(json.dumps(suite))
+
+    code = gates.main([str(tmp_path / "t.json"), str(tmp_path / "t.parquet"), "--no-docs"])
+
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "t.json: expectations[0] expect_column_max_to_be_between(n) meta.evidence names 'big', 'thrice'" in err
+    assert "add it to the suite's view or drop it (columns: prompt_id, n, twice)" in err
