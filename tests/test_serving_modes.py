@@ -143,3 +143,25 @@ def test_a_dataset_served_both_ways_gives_each_record_twice_on_one_side_of_the_s
     assert [r["thinking"] for r in by_text[next(k for k in by_text if "Only off" in k)]] == [False]
     assert {"heldout", "train"} == {r["split"] for r in rows}
     assert out.tally.by_mode == {"think": 20, "no_think": 21}
+
+
+def test_kimi_k25_modes_are_read_from_the_prompt_ids_by_the_eval_gates_rule(kimi_standin_tok, monkeypatch):
+    # K2.5 prefills <think> (on) or closes <think></think> (off) in the generation prompt, and declares
+    # tools as TypeScript text with no special id of its own: the signature is found by rendering.
+    from draftgate.checks import serving
+    from draftgate.config import parse_params
+
+    tok, t = kimi_standin_tok, get_template("kimi_k25")
+    monkeypatch.setattr(serving, "_tokenizer", lambda *a: tok)
+    ids = names(tok, "kimi_k25")
+    signature = serving.tool_signature(parse_params({"template": {"name": "kimi_k25", "thinking": True}}), ids)
+    think = (ids["<think>"], ids["</think>"])
+    blank = lambda i: tok.token_bytes(i).strip() == b"" and tok.token_bytes(i) != b""   # noqa: E731
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+
+    def mode(tools, thinking):
+        prompt = encode_segments(tok, [t.render_prompt(messages, tools, thinking)], ids)[0]
+        return serving.prompt_mode(prompt, think, blank, signature)
+
+    assert [mode(WEATHER, True), mode(WEATHER, False), mode(None, True), mode(None, False)] == [
+        "think+tools", "no_think+tools", "think", "no_think"]
