@@ -183,7 +183,7 @@ def annotation(note: str | None, rows: list[dict], header: Sequence[str] = ()) -
     if rows:
         header = list(dict.fromkeys([*header, *(k for r in rows for k in r)]))
         head = "".join(f"<th>{html.escape(str(k))}</th>" for k in header)
-        body = "".join("<tr>" + "".join(f'<td class="text-monospace">{html.escape(_shown(r.get(k)))}</td>'
+        body = "".join("<tr>" + "".join(f'<td class="text-monospace" style="overflow-wrap:anywhere">{html.escape(_shown(r.get(k)))}</td>'
                                         for k in header) + "</tr>" for r in rows)
         out.append(f'<div class="draftgate-evidence small mt-1"><strong>Offending rows</strong> (the first '
                    f'{len(rows)}, with the evidence the suite computed):<div class="table-responsive">'
