@@ -141,7 +141,8 @@ def remote_references(text: str) -> list[str]:
 # without one), the sections' checks in result order, and the Expectation cell of row R in section
 # S is the <td> just before `section-S-content-block-2-cell-R-3` (the Observed Value cell).
 TABLE_LEVEL = "Table-Level Expectations"
-_SECTION = re.compile(r'id="section-(?P<s>\d+)-content-block-1-header"[^>]*>.*?<h5\b[^>]*>(?P<name>.*?)</h5>', re.S)
+_SECTION = re.compile(r'id="section-(?P<s>\d+)-content-block-1-header"[^>]*>(?:(?!-content-block-1-header).)*?'
+                      r'<h5\b[^>]*>(?P<name>.*?)</h5>', re.S)   # its own header's <h5>, never the next one's
 _CODE = re.compile(r"`([^`]+)`")
 
 
