@@ -168,6 +168,11 @@ class GenerateParams:
     limit: Positive | None = None           # the first N prompts of the table; null = all
     # Merged last into every request body (any backend), e.g. {"tool_choice": "auto"}.
     extra_body: dict[str, Any] | None = None
+    # Where each request carries its prompt's thinking switch (prompts.parquet `thinking`), as a
+    # dotted path into the body: chat_template_kwargs.enable_thinking (vLLM / SGLang serving Qwen3),
+    # chat_template_kwargs.thinking (Kimi-K2.5), reasoning.enabled (OpenRouter). null: not sent
+    # (a template without a switch, or a run in one mode set by extra_body).
+    thinking_field: str | None = None
     # Backoff: base doubling up to max, with jitter; a server's Retry-After is honoured up to the cap.
     retry_base_s: Seconds = 0.5
     retry_max_s: Seconds = 8.0
@@ -177,6 +182,12 @@ class GenerateParams:
     app_title: str = "draftgate"
 
     def problems(self) -> list[tuple[str, str]]:
+        import re
+
+        if self.thinking_field is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
+                                                                self.thinking_field):
+            return [("thinking_field", f"{self.thinking_field!r} is not a dotted path of body keys, e.g. "
+                                       "chat_template_kwargs.enable_thinking")]
         if self.retry_max_s < self.retry_base_s:
             return [("retry_max_s", f"{self.retry_max_s} is below retry_base_s {self.retry_base_s}; "
                                     "the backoff doubles from the base up to the max")]

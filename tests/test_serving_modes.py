@@ -165,3 +165,19 @@ def test_kimi_k25_modes_are_read_from_the_prompt_ids_by_the_eval_gates_rule(kimi
 
     assert [mode(WEATHER, True), mode(WEATHER, False), mode(None, True), mode(None, False)] == [
         "think+tools", "no_think+tools", "think", "no_think"]
+
+
+def test_each_request_carries_its_prompts_thinking_switch_at_the_configured_field():
+    from draftgate.client.request import Prompt, build_body, request_hash
+    from draftgate.config import GenerateParams
+
+    shared = {"chat_template_kwargs": {"add_generation_prompt": True}}
+    p = GenerateParams(backend="openai", thinking_field="chat_template_kwargs.enable_thinking", extra_body=shared)
+    on, off = (Prompt("p", "chat", [{"role": "user", "content": "Hi"}], None, 2, t) for t in (True, False))
+    assert build_body(on, p)["chat_template_kwargs"] == {"add_generation_prompt": True, "enable_thinking": True}
+    assert build_body(off, p)["chat_template_kwargs"]["enable_thinking"] is False
+    assert shared == {"chat_template_kwargs": {"add_generation_prompt": True}}      # never written into
+    assert request_hash(build_body(on, p), "openai") != request_hash(build_body(off, p), "openai")
+    # Not configured (the demo): the body, and so the request hash, is what it always was.
+    plain = GenerateParams()
+    assert build_body(on, plain) == build_body(Prompt("p", "chat", on.messages, None, 2), plain)

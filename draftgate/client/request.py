@@ -36,6 +36,8 @@ class Prompt:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     chars: int   # characters of messages + tools JSON: the budget's prompt-size estimate
+    # The prompt's serving mode (prompts.parquet `thinking`), sent at generate.thinking_field.
+    thinking: bool | None = None
 
 
 def prompt_from_row(row: dict[str, Any], where: str) -> Prompt:
@@ -48,7 +50,7 @@ def prompt_from_row(row: dict[str, Any], where: str) -> Prompt:
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"{where}: prompt {row.get('prompt_id')!r}: messages must be a non-empty list")
     return Prompt(row["prompt_id"], row.get("dataset") or "", messages, tools,
-                  len(row["messages"]) + len(row.get("tools") or ""))
+                  len(row["messages"]) + len(row.get("tools") or ""), row.get("thinking"))
 
 
 def _loads(text: str) -> Any:
@@ -87,6 +89,15 @@ def build_body(prompt: Prompt, p: GenerateParams) -> dict[str, Any]:
         body["return_token_ids"] = True
     if p.extra_body:
         body.update(p.extra_body)
+    if p.thinking_field and prompt.thinking is not None:
+        # Each row's own mode, last: a run may mix modes (prompts.thinking: both), so no single
+        # extra_body setting can say it. Nested dicts are copied, never the shared extra_body's.
+        *parents, leaf = p.thinking_field.split(".")
+        node = body
+        for key in parents:
+            node[key] = dict(node[key]) if isinstance(node.get(key), dict) else {}
+            node = node[key]
+        node[leaf] = bool(prompt.thinking)
     return body
 
 

@@ -168,7 +168,7 @@ class PromptFile:
 
         out, start, todo = {}, 0, sorted(i for i in wanted if i < len(self))
         for b in pq.ParquetFile(self.path, pre_buffer=False).iter_batches(
-                batch_size=self.batch, columns=["prompt_id", "dataset", "messages", "tools"]):
+                batch_size=self.batch, columns=["prompt_id", "dataset", "messages", "tools", "thinking"]):
             here = [i for i in todo if start <= i < start + b.num_rows]
             if here:
                 for i, row in zip(here, b.take([i - start for i in here]).to_pylist()):
@@ -186,7 +186,8 @@ class PromptFile:
         n = len(self)
         i = 0
         for b in pq.ParquetFile(self.path, pre_buffer=False).iter_batches(batch_size=self.batch,
-                                                         columns=["prompt_id", "dataset", "messages", "tools"]):
+                                                         columns=["prompt_id", "dataset", "messages", "tools",
+                                                                  "thinking"]):
             for row in b.to_pylist():
                 if i >= n:
                     return
@@ -288,7 +289,10 @@ def read_prompts(path: str) -> list[Prompt]:
     from draftgate.client.request import prompt_from_row
 
     try:
-        table = pq.read_table(path, columns=["prompt_id", "dataset", "messages", "tools"])
+        # thinking: the row's serving mode, when the table has it (a prompts table from before it has not).
+        names = set(pq.read_schema(path).names)
+        table = pq.read_table(path, columns=["prompt_id", "dataset", "messages", "tools",
+                                             *(["thinking"] if "thinking" in names else [])])
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: not found; run the prompts stage first (dvc repro prompts)") from None
     return [prompt_from_row(row, f"{path}:row {i}") for i, row in enumerate(table.to_pylist())]
