@@ -6,7 +6,7 @@ python -m stages.gate_composition expectations/composition.json tokens=data/repa
     --docs reports/data_docs
 
 The engine of every gate (draftgate/gates/validate.py) runs the suite; this stage hands it the check
-the suite names (`"compute": "serving"`), draftgate/checks/serving.py: the serving profile as a
+the suite names (`"compute": "composition"`), draftgate/checks/serving.py: the serving profile as a
 table and the ids a tool declaration holds. The suite recomputes each row's mode from its ids.
 Exit 0 pass, 1 fail, 2 no verdict.
 """
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.checks.serving import compute
     from draftgate.gates.validate import main as gate
 
-    return gate(argv, checks={"serving": compute}, prog="python -m stages.gate_composition")
+    return gate(argv, checks={"composition": compute}, prog="python -m stages.gate_composition")
 
 
 if __name__ == "__main__":

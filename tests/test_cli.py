@@ -33,4 +33,5 @@ def test_validate_names_the_available_suites_when_the_suite_is_unknown(capsys, m
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     assert main(["validate", "tokns", "data/tokens/tokens.parquet", "--no-docs"]) == 2
     err = capsys.readouterr().err
-    assert "available suites: contract, drafter, eval, hidden, prompts, responses, template, tokens" in err
+    assert ("available suites: composition, contract, drafter, eval, hidden, prompts, repair, responses, template, "
+            "tokens") in err
