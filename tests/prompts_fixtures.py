@@ -48,7 +48,7 @@ def write_raw(records: Iterable[RawRecord], raw_dir: Path) -> None:
 
 
 def ingest(records: Iterable[RawRecord], params: PromptsParams,
-           render_problem: Callable[[list[dict], list[dict] | None], str | None] | None = None) -> Ingested:
+           render_problem: Callable[[list[dict], list[dict] | None, bool], str | None] | None = None) -> Ingested:
     import pyarrow.parquet as pq
 
     with tempfile.TemporaryDirectory() as d:
