@@ -11,8 +11,10 @@ only the prompt ids, the canonical ids and the bill; the sampled ids only grade 
 
 Reports: rows, differing rows (canonical != sampled), the share of them made exact with a 95%
 Wilson interval, exact rows broken (must be 0), reasons, forwards and tokens scored per row, and
-the search's time against one plain decoder forward over the same rows (what the hidden stage
-runs; batch 1 here, like the search). Generated rows are cached under --cache (keyed by the
+the search's time per phase (base pass, window scoring, exact re-scoring) against the hidden
+stage's forward over the same rows, measured in the same run (rows sorted by length, right-padded,
+~batch_tokens padded tokens per pass). Misses are split by cause: a search miss (the sampled ids
+score higher than the choice) or the posterior preferring another split. Generated rows are cached under --cache (keyed by the
 arguments), so a rerun only searches.
 """
 
@@ -41,7 +43,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-def build_rows(lm, tok, args) -> list[dict]:
+def build_rows(lm, tok, args, partial: Path) -> list[dict]:
     from draftgate.prompts import Rejected, normalise
     from draftgate.serve.model import END_TOKEN, Sampling, generate_batch
 
@@ -57,8 +59,12 @@ def build_rows(lm, tok, args) -> list[dict]:
                 prompts.append((name, [{"role": m["role"], "content": m["content"] or ""} for m in messages]))
     prompts = prompts[:args.limit] if args.limit else prompts
     jobs = [(name, msgs, r) for r in range(args.repeats) for name, msgs in prompts]
-    rows = []
-    for i in range(0, len(jobs), args.batch):
+    # Each batch is appended to a partial file as it is made: an interrupted run resumes there,
+    # and --rows-so-far searches what exists (batches are seeded by position, so any prefix of
+    # the jobs is the same rows a full run makes).
+    rows = [json.loads(line) for line in partial.read_text().splitlines()] if partial.is_file() else []
+    rows = rows[:len(rows) - len(rows) % args.batch]
+    for i in range(len(rows), len(jobs), args.batch):
         chunk = jobs[i:i + args.batch]
         ids = [list(lm.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
                                                      return_dict=True)["input_ids"]) for _, m, _ in chunk]
@@ -70,6 +76,8 @@ def build_rows(lm, tok, args) -> list[dict]:
             text = tok.decode(content)            # what an API returns: a string
             canon = tok.encode_ordinary(text) + ([end] if g.finish_reason == "stop" else [])
             rows.append({"dataset": name, "prompt": p, "truth": truth, "canon": canon, "billed": len(truth)})
+        with partial.open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows[i:]))
         print(f"  generated {len(rows)}/{len(jobs)}", file=sys.stderr)
     return rows
 
@@ -90,13 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", type=int, nargs="*", default=[], help="row indices to search (debugging)")
     ap.add_argument("--verbose", action="store_true", help="one line per row on stderr")
     ap.add_argument("--set", nargs="*", default=[], help="RepairParams overrides key=value")
+    ap.add_argument("--generate-only", action="store_true", help="build and cache the rows, search nothing")
+    ap.add_argument("--rows-so-far", action="store_true", help="search the rows an unfinished generation made")
     args = ap.parse_args(argv)
 
     import torch
 
     from draftgate.config import RepairParams
     from draftgate.repair.score import HFScorer, Sampling
-    from draftgate.repair.search import Vocab, search
+    from draftgate.repair.search import FLOOR, Vocab, search_rows
     from draftgate.serve.model import load, smollm2_tokenizer
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -105,14 +115,24 @@ def main(argv: list[str] | None = None) -> int:
     key = hashlib.sha256(json.dumps([args.temperature, args.top_p, args.datasets, args.repeats, args.limit,
                                      args.max_tokens, lm.weights_fingerprint]).encode()).hexdigest()[:16]
     cached = Path(args.cache, f"rows-{key}.json")
+    partial = cached.with_suffix(".partial.jsonl")
     if cached.is_file():
         rows = json.loads(cached.read_text())
+    elif args.rows_so_far:
+        rows = [json.loads(line) for line in partial.read_text().splitlines()] if partial.is_file() else []
+        print(f"  {len(rows)} rows generated so far ({partial})", file=sys.stderr)
     else:
-        rows = build_rows(lm, tok, args)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        rows = build_rows(lm, tok, args, partial)
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")
         tmp.write_text(json.dumps(rows))
         tmp.replace(cached)
+        partial.unlink(missing_ok=True)
+    if args.generate_only:
+        print(json.dumps({"rows": len(rows), "differing": sum(r["canon"] != r["truth"] for r in rows),
+                          "cache": str(cached)}))
+        return 0
 
     overrides = {}
     for kv in args.set:
@@ -124,23 +144,28 @@ def main(argv: list[str] | None = None) -> int:
 
     counts, reasons, fixed_by = Counter(), Counter(), Counter()
     forwards = tokens = 0
-    search_s = search_cpu = 0.0   # wall and CPU: on a shared machine the CPU seconds compare better
+    phases: dict[str, list[float]] = {}
     failures = []
-    if args.only:
-        rows = [r for k, r in enumerate(rows) if k in args.only]
-    for k, r in enumerate(rows):
+    index = [k for k in range(len(rows)) if not args.only or k in args.only]    # the rows' own numbers
+    rows = [rows[k] for k in index]
+    target = (lambda r: None) if args.no_bill else (lambda r: r["billed"])
+    # Wall and CPU seconds: on a shared machine the CPU seconds compare better.
+    t, c = time.perf_counter(), time.process_time()
+    outcomes = list(search_rows([(r["prompt"], r["canon"], target(r)) for r in rows], scorer, vocab, params))
+    search_s, search_cpu = time.perf_counter() - t, time.process_time() - c
+    for k, (r, out) in enumerate(zip(rows, outcomes)):
         differs = r["canon"] != r["truth"]
         same_bytes = vocab.bytes_of(r["canon"]) == vocab.bytes_of(r["truth"])
-        t, c = time.perf_counter(), time.process_time()
-        out = search(r["prompt"], r["canon"], None if args.no_bill else r["billed"], scorer, vocab, params)
-        search_s += time.perf_counter() - t
-        search_cpu += time.process_time() - c
         if args.verbose:
-            print(f"  row {k}: {out.status} {out.reason} {time.perf_counter() - t:.2f}s fw={out.forwards} "
-                  f"tok={out.tokens} cand={out.candidates} exact={out.ids == r['truth']} differs={differs}",
+            print(f"  row {index[k]}: {out.status} {out.reason} passes={out.passes} fw={out.forwards:.1f} "
+                  f"tok={out.tokens:.0f} cand={out.candidates} exact={out.ids == r['truth']} differs={differs}",
                   file=sys.stderr, flush=True)
         forwards += out.forwards
         tokens += out.tokens
+        for ph, v in out.phases.items():
+            acc = phases.setdefault(ph, [0.0, 0.0, 0.0])
+            for j in range(3):
+                acc[j] += v[j]
         assert vocab.bytes_of(out.ids) == vocab.bytes_of(r["canon"]), "a candidate changed the bytes"
         reasons[out.reason or "repaired"] += 1
         exact_after = out.ids == r["truth"]
@@ -153,17 +178,35 @@ def main(argv: list[str] | None = None) -> int:
             fixed_by[r["dataset"]] += exact_after
             counts[f"differing_{r['dataset']}"] += 1
             if not exact_after:
-                failures.append({"reason": out.reason, "margin_runner_up": out.margin_runner_up,
+                # Why: the sampled ids more likely than the choice (at the bill's length) is a
+                # search miss; less likely, the posterior itself prefers another split.
+                ll_truth, ll_got = (sum(max(v, FLOOR) for v in HFScorer(lm.model, scorer.sampling).score(
+                    r["prompt"] + ids, len(r["prompt"])).logprobs) for ids in (r["truth"], out.ids))
+                kind = ("ambiguous" if out.reason == "ambiguous" else
+                        "search_miss" if ll_truth > ll_got else "posterior_prefers_other")
+                counts[kind] += 1
+                failures.append({"row": index[k], "reason": out.reason, "kind": kind, "ll_truth_minus_chosen":
+                                 round(ll_truth - ll_got, 2), "margin_runner_up": out.margin_runner_up,
                                  "canon_len": len(r["canon"]), "truth_len": len(r["truth"]),
                                  "diff": _diff(vocab, r["canon"], r["truth"], out.ids)})
         else:
             counts["semantic"] += 1
 
-    # The plain forward the hidden stage runs over the same rows (decoder only, batch 1).
+    # The hidden stage's forward over the same rows: sorted by length, right-padded, about
+    # batch_tokens padded tokens per pass (hidden/capture.py's plan_batches), decoder only.
+    from draftgate.hidden.capture import plan_batches
+
+    seqs = [r["prompt"] + r["canon"] for r in rows]
     t, c = time.perf_counter(), time.process_time()
     with torch.inference_mode():
-        for r in rows:
-            lm.model.get_decoder()(input_ids=torch.tensor([r["prompt"] + r["canon"]]))
+        for batch in plan_batches([len(x) for x in seqs], params.batch_tokens):
+            width = max(len(seqs[i]) for i in batch)
+            x = torch.zeros((len(batch), width), dtype=torch.long)
+            m = torch.zeros((len(batch), width), dtype=torch.long)
+            for j, i in enumerate(batch):
+                x[j, :len(seqs[i])] = torch.tensor(seqs[i])
+                m[j, :len(seqs[i])] = 1
+            lm.model.get_decoder()(input_ids=x, attention_mask=m, use_cache=False)
     plain_s, plain_cpu = time.perf_counter() - t, time.process_time() - c
 
     n, d = len(rows), counts["differing"]
@@ -179,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         "semantic": counts["semantic"], "outcomes": dict(reasons),
         "forwards_per_row": forwards / n, "tokens_scored_per_row": tokens / n,
         "row_tokens_per_row": sum(len(r["prompt"]) + len(r["canon"]) for r in rows) / n,
+        "misses": {k: v for k, v in counts.items() if k in ("search_miss", "posterior_prefers_other", "ambiguous")},
+        "phases": {ph: {"forwards_per_row": round(v[0] / n, 2), "tokens_per_row": round(v[1] / n, 1),
+                        "s": round(v[2], 2)} for ph, v in phases.items()},
         "search_s": round(search_s, 2), "plain_forward_s": round(plain_s, 2),
+        "extra_over_plain": round((search_s - phases.get("base", [0, 0, 0])[2]) / plain_s, 2),
         "search_over_plain": round(search_s / plain_s, 2),
         "search_cpu_s": round(search_cpu, 2), "plain_forward_cpu_s": round(plain_cpu, 2),
         "search_over_plain_cpu": round(search_cpu / plain_cpu, 2),

@@ -246,23 +246,23 @@ class RepairParams:
     temperature: Annotated[float, Range(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Range(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Range(ge=0, le=MAX_CONTEXT)] = 0
-    # Search (search.py): a token the canonical prefix gives less than min_branch_prob (at the
-    # sampling temperature, inside the nucleus) is not branched into.
-    min_branch_prob: Fraction = 0.01
-    # ... unless it has at least min_branch_ratio of the canonical token's probability: where the
-    # model is unsure (the canonical token itself at 0.016), a sampled split can be at 0.006.
-    min_branch_ratio: Fraction = 0.1
+    # Search (search.py): every alternative inside the nucleus opens windows (no probability
+    # threshold: a bill that asks for another length is met by the best window of that change,
+    # however unlikely); branch and bound on each window's bound from the base pass decides which
+    # are scored, window_batch per tree-masked forward, at most row_candidates per row.
     window_tokens: Annotated[int, Range(ge=1, le=16)] = 4     # tokens of a candidate window
     window_candidates: Annotated[int, Range(ge=1, le=4096)] = 16          # windows per branch point (a whitespace run's cap)
     row_candidates: Annotated[int, Range(ge=1, le=1 << 20)] = 512            # windows scored per row; past it: reason `budget`
     rejoin_tokens: Annotated[int, Range(ge=0, le=8)] = 1       # canonical tokens scored after a window
     max_length_delta: Annotated[int, Range(ge=1, le=64)] = 8  # |billed - canonical| searched
-    # A choice whose log-likelihood beats the runner-up by less than this (nats) is `ambiguous`:
-    # the row keeps its ids.
+    # A choice whose log-likelihood beats the runner-up (or an admissible canonical encoding) by
+    # less than this (nats) is `ambiguous`: the row keeps its ids, where the bill allows them.
     ambiguous_margin: Annotated[float, Range(ge=0.0, le=100.0)] = 1.0
     # Passes: each re-searches around the previous choice (edits that pay only together).
     passes: Annotated[int, Range(ge=1, le=8)] = 3
     branch_tokens: Tokens = 1024            # HF: branch tokens per tree-masked forward
+    window_batch: Annotated[int, Range(ge=1, le=4096)] = 16     # windows per branch-and-bound round
+    batch_tokens: Tokens = 8192             # HF: padded tokens per batched base pass (as hidden's)
 
 
 @dataclass(frozen=True)

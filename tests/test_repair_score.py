@@ -65,6 +65,35 @@ def test_branches_on_the_cached_prefix_score_exactly_like_full_forwards(lm, ids)
         assert all((a == b == -math.inf) or abs(a - b) < 1e-4 for a, b in zip(lps, plain))
 
 
+def test_a_base_that_shares_a_prefix_with_the_last_is_scored_from_where_they_differ(lm, ids):
+    sampling = Sampling(1.0)
+    scorer = HFScorer(lm.model, sampling)
+    scorer.score(ids, 1)
+    edited = ids[:7] + [300, 301] + ids[8:]
+    again = scorer.score(edited, 2, [[5]] * (len(edited) - 2))
+    assert scorer.counters.tokens == len(ids) + len(edited) - 7          # the shared 7 tokens ran once
+    fresh = HFScorer(lm.model, sampling).score(edited, 2, [[5]] * (len(edited) - 2))
+    assert max(abs(a - b) for a, b in zip(again.logprobs, fresh.logprobs)) < 1e-4
+    assert max(abs(a[5] - b[5]) for a, b in zip(again.asked, fresh.asked)) < 1e-4
+
+
+def test_rows_scored_in_one_padded_batch_score_like_each_alone_and_branch_on_their_own_cache(lm, ids):
+    sampling = Sampling(0.7)
+    rows = [(ids, 3, None), (ids[:9], 2, [[5]] * 7), (ids[2:], 1, None)]
+    scorer = HFScorer(lm.model, sampling)
+    batched = scorer.score_rows(rows)
+    assert scorer.counters.forwards == 1
+    for (row, start, ask), got in zip(rows, batched):
+        alone = HFScorer(lm.model, sampling).score(row, start, ask)
+        assert max(abs(a - b) for a, b in zip(got.logprobs, alone.logprobs)) < 1e-4
+        assert all(abs(a[k] - b[k]) < 1e-4 for a, b in zip(got.asked, alone.asked) for k in a)
+    short = ids[:9]
+    branch = scorer.score_branches(short, [(4, [300, 301])])[0]
+    assert scorer.counters.forwards == 2                                 # no second pass over the row
+    plain = HFScorer(lm.model, sampling).score(short[:4] + [300, 301], 4).logprobs
+    assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
+
+
 def test_asked_alternatives_come_from_the_same_pass(lm, ids):
     scorer = HFScorer(lm.model, Sampling(1.0))
     s = scorer.score(ids, 2, ask=[[ids[2], 5]] + [[]] * (len(ids) - 3))

@@ -75,8 +75,9 @@ def test_a_row_whose_canonical_encoding_is_shorter_than_what_the_model_sampled_i
     assert len(canon) == len(truth) - 1
     out = repaired(lm, vocab, prompt, canon, len(truth))
     assert out.status == "repaired" and out.ids == truth
-    # Two passes (the second finds nothing better), each: the base, its windows, the exact re-score.
-    assert out.margin_runner_up > 1.0 and out.forwards <= 8
+    # The base pass, a few branch-and-bound rounds, the exact re-scores (the winner's is the
+    # second pass's base, from its first edit on), the second pass finding nothing better.
+    assert out.margin_runner_up > 1.0 and out.forwards <= 12 and out.passes == 2
 
 
 def test_a_same_length_re_split_is_found_although_the_bill_already_agrees(lm, vocab):
@@ -108,19 +109,42 @@ def test_a_row_without_a_bill_is_searched_without_a_length_and_flagged(lm, vocab
     assert out.ids == truth       # the likelihood alone decides a same-length re-split
 
 
-def test_an_ambiguous_choice_keeps_the_rows_ids_and_says_so(lm, vocab):
-    prompt, canon, truth = row(lm, vocab, TRANSPOSE)
+def test_an_ambiguous_choice_keeps_the_rows_ids_where_the_bill_allows_them(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, CAPITALISE)          # the same length: the ids may be right
     out = repaired(lm, vocab, prompt, canon, len(truth), ambiguous_margin=1e6)
     assert out.status == "kept" and out.reason == "ambiguous" and out.ids == canon
-    assert out.margin_runner_up is not None and out.margin_runner_up < 1e6
+    assert out.margin_canonical is not None and out.margin_canonical < 1e6
+
+
+def test_a_close_call_the_bill_rules_the_canonical_encoding_out_of_takes_the_best(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, TRANSPOSE)           # canonical one token short: wrong for certain
+    out = repaired(lm, vocab, prompt, canon, len(truth), ambiguous_margin=1e6)
+    assert out.status == "repaired" and out.ids == truth
+    assert out.margin_runner_up is not None and out.margin_runner_up < 1e6     # recorded, not hidden
+
+
+def test_the_batched_entry_point_gives_each_row_the_outcome_of_its_own_search(lm, vocab):
+    from draftgate.repair.search import search_rows
+
+    cases = [row(lm, vocab, TRANSPOSE), row(lm, vocab, CAPITALISE)]
+    cases.append((cases[0][0], cases[0][2][:20], cases[0][2][:20]))      # written canonically
+    scorer = HFScorer(lm.model, SAMPLING)
+    outs = list(search_rows([(p, c, len(t)) for p, c, t in cases], scorer, vocab, RepairParams()))
+    assert [o.ids for o in outs] == [t for _, _, t in cases]
+    assert [o.reason for o in outs] == [None, None, "canonical"]
+    # One forward for all three base passes (the hidden stage's batching), its cost shared.
+    assert all(o.phases["base"][0] == 1 / 3 for o in outs)
+    assert outs[2].phases.keys() == {"base"}          # an exact row whose bounds never beat it: no window scored
 
 
 def test_a_bill_no_tokenization_can_reach_keeps_the_row_with_a_reason(lm, vocab):
     prompt, canon, _ = row(lm, vocab, TRANSPOSE)
     out = repaired(lm, vocab, prompt, canon, len(canon) + 40)
     assert out.status == "kept" and out.reason == "no_candidate" and out.ids == canon
-    capped = repaired(lm, vocab, prompt, canon, len(canon) + 3, row_candidates=1)
-    assert capped.reason == "budget" and capped.candidates == 1
+    # +8 needs three windows at least (one changes the length by window_tokens - 1 = 3 at most);
+    # a cap of one scored window leaves the bill out of reach: `budget`, not `no_candidate`.
+    capped = repaired(lm, vocab, prompt, canon, len(canon) + 8, row_candidates=1)
+    assert capped.status == "kept" and capped.reason == "budget" and capped.candidates == 1
 
 
 def test_the_stage_function_repairs_text_rows_and_keeps_the_text_ids_beside_them(lm, vocab):

@@ -91,6 +91,10 @@ class Scorer(Protocol):
 
     def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]: ...
 
+    def score_rows(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]]) -> list[Scored]: ...
+
+    def release(self) -> None: ...
+
 
 # ---------------------------------------------------------------- exact (full distribution)
 
@@ -133,6 +137,7 @@ class HFScorer:
         self.model, self.sampling, self.branch_tokens = model, sampling, branch_tokens
         self.counters = Counters()
         self._base: tuple[tuple[int, ...], Any, Any] | None = None   # ids, cache, hidden states
+        self._pending: dict[tuple[int, ...], tuple[Any, int, Any]] = {}  # score_rows: ids -> batch cache, row, states
 
     @property
     def device(self) -> Any:
@@ -150,24 +155,100 @@ class HFScorer:
         return mine, asked
 
     def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None) -> Scored:
+        """One pass over ids. Where the cached base shares a prefix with ids (the search's next
+        base differs from the last one only from its first edit on), the cache is cut back to that
+        prefix and only the rest is computed."""
         import torch
         from transformers.cache_utils import DynamicCache
 
         ids = list(ids)
         if not 1 <= start <= len(ids):
             raise ScoreError(f"start {start} must be in 1..{len(ids)} (the first token has no context)")
-        cache = DynamicCache(config=self.model.config)
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        self._adopt(ids)
+        common = 0
+        if self._base is not None:
+            old = self._base[0]
+            while common < min(len(old), len(ids)) and old[common] == ids[common]:
+                common += 1
+            common = min(common, len(ids) - 1)        # at least one token runs, for its state
         with torch.inference_mode():
-            h = self.model.get_decoder()(input_ids=x, cache=cache, use_cache=True).last_hidden_state[0]
+            if common:
+                _, cache, h_old = self._base
+                cache.crop(common - len(self._base[0]))
+                x = torch.tensor([ids[common:]], dtype=torch.long, device=self.device)
+                pos = torch.arange(common, len(ids), device=self.device)[None]
+                h_new = self.model.get_decoder()(input_ids=x, position_ids=pos, cache=cache,
+                                                 use_cache=True).last_hidden_state[0]
+                h = torch.cat([h_old[:common], h_new])
+            else:
+                cache = DynamicCache(config=self.model.config)
+                x = torch.tensor([ids], dtype=torch.long, device=self.device)
+                h = self.model.get_decoder()(input_ids=x, cache=cache, use_cache=True).last_hidden_state[0]
             mine, asked = self._logprobs(h[start - 1:len(ids) - 1], ids[start:], ask)
         self.counters.forwards += 1
-        self.counters.tokens += len(ids)
+        self.counters.tokens += len(ids) - common
         self._base = (tuple(ids), cache, h)
         return Scored(mine, asked)
 
+    def score_rows(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]]) -> list[Scored]:
+        """`score` of many rows in ONE right-padded forward (the caller sizes the batch, as the
+        hidden stage does: rows sorted by length, ~batch_tokens padded tokens). Each row's cache
+        stays available until `release`, so a search on it branches without a second pass; a
+        row's slice is copied out of the batch's cache only when it is used."""
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        rows = [(list(ids), start, ask) for ids, start, ask in rows]
+        for ids, start, _ in rows:
+            if not 1 <= start <= len(ids):
+                raise ScoreError(f"start {start} must be in 1..{len(ids)} (the first token has no context)")
+        width = max(len(ids) for ids, _, _ in rows)
+        x = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for k, (ids, _, _) in enumerate(rows):
+            x[k, :len(ids)] = torch.tensor(ids)
+            mask[k, :len(ids)] = 1
+        cache = DynamicCache(config=self.model.config)
+        with torch.inference_mode():
+            h = self.model.get_decoder()(input_ids=x.to(self.device), attention_mask=mask.to(self.device),
+                                         cache=cache, use_cache=True).last_hidden_state
+            # The head over every row's completion positions at once.
+            states = torch.cat([h[k, start - 1:len(ids) - 1] for k, (ids, start, _) in enumerate(rows)])
+            targets = [t for ids, start, _ in rows for t in ids[start:]]
+            asks = [a for ids, start, ask in rows for a in (ask or [()] * (len(ids) - start))]
+            mine, asked = self._logprobs(states, targets, asks)
+        self.counters.forwards += 1
+        self.counters.tokens += len(rows) * width
+        out, i = [], 0
+        self._pending = {}
+        for k, (ids, start, _) in enumerate(rows):
+            n = len(ids) - start
+            out.append(Scored(mine[i:i + n], asked[i:i + n]))
+            i += n
+            self._pending[tuple(ids)] = (cache, k, h)
+        return out
+
+    def release(self) -> None:
+        """Drop the batch's caches (score_rows) and the current base."""
+        self._pending, self._base = {}, None
+
+    def _adopt(self, ids: Sequence[int]) -> None:
+        """Make a row of the last score_rows batch the cached base (its slice of the batch cache)."""
+        from transformers.cache_utils import DynamicCache
+
+        key = tuple(ids)
+        if key not in self._pending or (self._base is not None and self._base[0] == key):
+            return
+        batch_cache, k, h = self._pending.pop(key)
+        n = len(key)
+        cache = DynamicCache(config=self.model.config)
+        for li, layer in enumerate(batch_cache.layers):
+            cache.update(layer.keys[k:k + 1, :, :n].clone(), layer.values[k:k + 1, :, :n].clone(), li)
+        self._base = (key, cache, h[k, :n])
+
     def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
         base = list(base)
+        self._adopt(base)
         if self._base is None or self._base[0] != tuple(base):
             self.score(base, len(base))
         out: list[list[float]] = []
@@ -328,6 +409,13 @@ class _HTTPScorer:
             mine.append(t[raw.token])
             asked.append({i: t[i] for i in want})
         return Scored(mine, asked)
+
+    def score_rows(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]]) -> list[Scored]:
+        # One request per row: the engine batches concurrent requests itself.
+        return [self.score(ids, start, ask) for ids, start, ask in rows]
+
+    def release(self) -> None:
+        pass
 
     def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
         base = list(base)

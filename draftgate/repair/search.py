@@ -34,11 +34,14 @@ runner-up within ambiguous_margin nats), `no_candidate` (nothing reaches the bil
 
 from __future__ import annotations
 
+import contextlib
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from draftgate.config import RepairParams
-from draftgate.repair.score import Scorer
+from draftgate.repair.score import Scored, Scorer
 
 FLOOR = -1.0e4   # an impossible token (-inf) counts this much in sums, so deltas stay finite
 
@@ -107,6 +110,10 @@ class Outcome:
     forwards: int
     tokens: int
     edits: list[Window] = field(default_factory=list)
+    passes: int = 0
+    # phase -> [forwards, tokens, seconds]: base (the first pass over prompt + canonical ids),
+    # windows (scoring candidate windows), rescore (exact scores of the best two, later bases).
+    phases: dict[str, list[float]] = field(default_factory=dict)
 
 
 def spans(completion: Sequence[int], vocab: Vocab) -> list[tuple[int, int]]:
@@ -125,19 +132,28 @@ def spans(completion: Sequence[int], vocab: Vocab) -> list[tuple[int, int]]:
 
 
 def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | None, scorer: Scorer,
-           vocab: Vocab, params: RepairParams) -> Outcome:
+           vocab: Vocab, params: RepairParams, base: Scored | None = None) -> Outcome:
     """Up to params.passes passes: each searches windows around the previous pass's choice (the
     first around the canonical encoding), so edits that only pay together (a repeated split, which
-    the model copies once it has made it) are found; a pass that keeps its base ends the search."""
+    the model copies once it has made it) are found; a pass that keeps its base ends the search.
+    `base`: the first pass's scores of prompt + completion, when a batched call made them
+    (`search_rows`); else the search scores it."""
     canon = list(completion)
     f0, t0 = scorer.counters.forwards, scorer.counters.tokens
     no_bill = target_len is None
     out = Outcome(ids=canon, status="kept", reason=None, no_bill=no_bill, target_len=target_len,
                   margin_runner_up=None, margin_canonical=None, candidates=0, forwards=0, tokens=0)
-    base, total_canon, ll = canon, None, None
+    clock = _Clock(scorer, out.phases)
+    prompt = list(prompt)
+    ids, known = canon, {}
+    if base is None:
+        with clock("base"):
+            base = scorer.score(prompt + canon, len(prompt), alternatives(canon, vocab))
+    total_canon = ll = None
     for k in range(params.passes):
-        r = _pass(list(prompt), base, target_len, scorer, vocab, params)
+        r = _pass(prompt, ids, base, target_len, scorer, vocab, params, known, clock)
         out.candidates += r.candidates
+        out.passes = k + 1
         if total_canon is None:
             total_canon = r.base_total
         if not r.ranked:
@@ -145,24 +161,93 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
                 out.reason = "budget" if r.truncated else "no_candidate"
                 return _counted(out, scorer, f0, t0)
             break                       # no admissible alternative to the base: it stands
-        ll, edits = r.ranked[0]
+        ll = r.ranked[0][0]
         out.margin_runner_up = ll - r.ranked[1][0] if len(r.ranked) > 1 else None
-        if not edits:
+        if r.next_ids is None:
             break
-        base = _apply(base, edits)
-    ll = r.base_total if ll is None or not r.ranked or not r.ranked[0][1] else ll
-    out.margin_canonical = ll - total_canon
+        known = r.carry
+        ids, base = r.next_ids, r.next_base
+    out.margin_canonical = (ll if ll is not None else total_canon) - total_canon
+    # Ambiguity keeps a row only where its ids may be right as they are: the canonical encoding
+    # is admissible (no bill, or the bill's length). Where the bill rules it out, the text
+    # method's ids are wrong for certain and the best is right at odds e^margin : 1 against the
+    # runner-up, so the row takes it, its small margin recorded (T 1.0 code: 2 of 24 rows).
     admissible = no_bill or target_len == len(canon)
-    if base == canon:
+    if ids == canon:
         out.reason = "canonical"
-    elif out.margin_runner_up is not None and out.margin_runner_up < params.ambiguous_margin:
+    elif admissible and out.margin_runner_up is not None and out.margin_runner_up < params.ambiguous_margin:
         out.reason = "ambiguous"
     elif admissible and out.margin_canonical < params.ambiguous_margin:
-        out.reason = "ambiguous"      # the canonical encoding is admissible and nearly as likely
+        out.reason = "ambiguous"      # the canonical encoding is nearly as likely
     else:
-        out.ids, out.status = base, "repaired"
-        out.edits = _edits(canon, base)
+        out.ids, out.status = ids, "repaired"
+        out.edits = _edits(canon, ids)
     return _counted(out, scorer, f0, t0)
+
+
+def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]], scorer: Scorer, vocab: Vocab,
+                params: RepairParams) -> Iterator[Outcome]:
+    """`search` over many rows (prompt, completion, target_len), the first pass of each batched
+    the way the hidden stage batches its forward (`Scorer.score_rows`: rows sorted by length,
+    about params.batch_tokens padded tokens per pass). Outcomes come in the rows' order; the base
+    pass's cost is spread over the batch's rows (phase `base`)."""
+    rows = list(rows)
+    order = sorted(range(len(rows)), key=lambda i: (-(len(rows[i][0]) + len(rows[i][1])), i))
+    done: dict[int, Outcome] = {}
+    nxt = 0
+    k = 0
+    while k < len(order):
+        width = len(rows[order[k]][0]) + len(rows[order[k]][1])
+        chunk = order[k:k + max(1, params.batch_tokens // max(1, width))]
+        k += len(chunk)
+        f0, t0, c0 = scorer.counters.forwards, scorer.counters.tokens, time.perf_counter()
+        scored = scorer.score_rows([(list(rows[i][0]) + list(rows[i][1]), len(rows[i][0]),
+                                     alternatives(rows[i][1], vocab)) for i in chunk])
+        share = [(scorer.counters.forwards - f0) / len(chunk), (scorer.counters.tokens - t0) / len(chunk),
+                 (time.perf_counter() - c0) / len(chunk)]
+        for i, s in zip(chunk, scored):
+            prompt, completion, target = rows[i]
+            out = search(prompt, completion, target, scorer, vocab, params, base=s)
+            out.phases["base"] = list(share)
+            out.forwards += share[0]
+            out.tokens += share[1]
+            done[i] = out
+        scorer.release()
+        while nxt in done:
+            yield done.pop(nxt)
+            nxt += 1
+
+
+def alternatives(ids: Sequence[int], vocab: Vocab) -> list[list[int]]:
+    """Per position of ids: the ordinary ids other than ids[t] whose bytes are a prefix of the text
+    that remains from t within its text span (special positions have none)."""
+    alts: list[list[int]] = [[] for _ in ids]
+    for s, e in spans(ids, vocab):
+        text = vocab.bytes_of(ids[s:e])
+        o = 0
+        for t in range(s, e):
+            alts[t] = [a for a in vocab.prefixes(text, o) if a != ids[t]]
+            o += len(vocab.pieces[ids[t]])
+    return alts
+
+
+class _Clock:
+    """Forwards, tokens and seconds per phase (base | windows | rescore) into Outcome.phases."""
+
+    def __init__(self, scorer: Scorer, phases: dict[str, list[float]]):
+        self.scorer, self.phases = scorer, phases
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        c = self.scorer.counters
+        f, t, s = c.forwards, c.tokens, time.perf_counter()
+        try:
+            yield
+        finally:
+            acc = self.phases.setdefault(phase, [0.0, 0.0, 0.0])
+            acc[0] += c.forwards - f
+            acc[1] += c.tokens - t
+            acc[2] += time.perf_counter() - s
 
 
 @dataclass
@@ -171,106 +256,127 @@ class _Pass:
     ranked: list[tuple[float, tuple[Window, ...]]]     # the two best at the length, exact, best first
     candidates: int
     truncated: bool
+    next_ids: list[int] | None = None                  # the winner, where it is not the base
+    next_base: Scored | None = None                    # its scores (the exact re-score of the winner)
+    carry: dict = field(default_factory=dict)          # window deltas still valid on the winner
 
 
-def _pass(prompt: list[int], canon: list[int], target_len: int | None, scorer: Scorer, vocab: Vocab,
-          params: RepairParams) -> _Pass:
-    import math
+def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int | None, scorer: Scorer,
+          vocab: Vocab, params: RepairParams, known: dict, clock: _Clock) -> _Pass:
+    """One pass around `canon` (the base: the canonical ids, or the previous pass's choice) whose
+    scores are `scored`.
 
+    Every alternative opens windows (no probability threshold: with a bill that asks for another
+    length, the best window of that length change wins however unlikely it is next to the base).
+    Each window has an UPPER BOUND on its delta from the base pass alone: its first token's
+    log-probability minus the base's over the span and the re-join (the rest is <= 0). The search
+    is branch and bound over those: the dynamic programme runs on exact deltas where scored and
+    bounds elsewhere; the unscored windows in its best two (the best one, where that is the base)
+    are scored, with the next best bounds, in one tree-masked forward; until the best two are
+    exact. So only windows that could enter the best two are scored: on exact rows, the few whose
+    bound beats the base."""
     base = prompt + canon
     p0 = len(prompt)
-    # Alternatives at each position of each text span, by bytes.
-    alts: list[list[int]] = [[] for _ in canon]
-    boundary: dict[int, dict[int, int]] = {}    # span start -> {byte offset: position}
-    text_of: dict[int, bytes] = {}
-    span_of: dict[int, int] = {}
-    offset: dict[int, int] = {}
+    lp = [max(v, FLOOR) for v in scored.logprobs]
+    la = params.rejoin_tokens
+    want = None if target_len is None else target_len - len(canon)
+
+    # Every window, with its bound; windows a previous pass scored (before its first edit) keep
+    # their exact delta.
+    windows: list[Window] = []
+    bound: list[float] = []
     for s, e in spans(canon, vocab):
         text = vocab.bytes_of(canon[s:e])
-        text_of[s] = text
         offs, o = {}, 0
         for t in range(s, e):
             offs[o] = t
-            offset[t], span_of[t] = o, s
             o += len(vocab.pieces[canon[t]])
         offs[o] = e
-        boundary[s] = offs
+        inv = {v: k for k, v in offs.items()}
         for t in range(s, e):
-            alts[t] = [a for a in vocab.prefixes(text, offset[t]) if a != canon[t]]
-
-    scored = scorer.score(base, p0, alts)
-    lp = [max(v, FLOOR) for v in scored.logprobs]
-
-    # Branch points, most probable first (the caps cut the least likely).
-    floor_lp = math.log(params.min_branch_prob) if params.min_branch_prob > 0 else -math.inf
-    ratio_lp = math.log(params.min_branch_ratio) if params.min_branch_ratio > 0 else -math.inf
-    branches = sorted(((v, t, a) for t in range(len(canon)) for a, v in scored.asked[t].items()
-                       if v > -math.inf and (v >= floor_lp or v - lp[t] >= ratio_lp)), reverse=True)
-    windows: list[Window] = []
+            for a, v in scored.asked[t].items():
+                if v == -math.inf:
+                    continue                          # outside the nucleus: the sampler could not
+                for w in _windows(text, offs, inv[t] + len(vocab.pieces[a]), [a], vocab, params):
+                    end = offs[inv[t] + sum(len(vocab.pieces[i]) for i in w)]
+                    windows.append(Window(t, end, tuple(w)))
+                    bound.append(v - sum(lp[t:min(len(canon), end + la)]))
+    value: dict[int, float] = {}              # index -> exact local delta; -inf: impossible
+    for k, w in enumerate(windows):
+        d = known.get((w.start, w.end, w.ids))
+        if d is not None:
+            value[k] = d
     truncated = False
-    for _, t, a in branches:
-        if len(windows) >= params.row_candidates:
+    candidates = 0
+    pending = sorted((k for k in range(len(windows)) if k not in value), key=lambda k: -bound[k])
+    while True:
+        best = _best_two(len(canon), windows, [value.get(k, bound[k]) for k in range(len(windows))],
+                         want, params.max_length_delta)
+        need = [k for sol in best[:1 if best and not best[0] else 2] for k in sol if k not in value]
+        if not need:
+            break
+        room = params.row_candidates - candidates
+        if room <= 0:
             truncated = True
+            for k in pending:
+                value.setdefault(k, -math.inf)        # not scored: out of the running
+            best = _best_two(len(canon), windows, [value[k] for k in range(len(windows))], want,
+                             params.max_length_delta)
             break
-        s = span_of[t]
-        for w in _windows(text_of[s], boundary[s], offset[t] + len(vocab.pieces[a]), [a], vocab, params):
-            end = boundary[s][_end_offset(vocab, text_of[s], offset[t], w)]
-            windows.append(Window(t, end, tuple(w)))
-            if len(windows) >= params.row_candidates:
-                truncated = True
-                break
-
-    # Score windows with their re-join tokens, on the cached prefix. A window's delta is at most
-    # its first token's log-probability (known) minus the canonical span's (the rest is <= 0).
-    # Where the length may stay (bill agrees, or no bill) a change needs a window that gains, so
-    # those are scored first; the others only matter as partners of a gain of opposite length,
-    # and are scored only when a gain exists. Exact rows, the many, mostly stop after the first.
-    la = params.rejoin_tokens
-    want = None if target_len is None else target_len - len(canon)
-    first_lp = {(t, a): v for t in range(len(canon)) for a, v in scored.asked[t].items()}
-    ref = [sum(lp[w.start:w.end + min(la, len(canon) - w.end)]) for w in windows]
-    ub = [first_lp[(w.start, w.ids[0])] - r for w, r in zip(windows, ref)]
-    order = list(range(len(windows)))
-    if want is None or want == 0:
-        gains = [k for k in order if ub[k] > 0]
-        stages = [gains, [k for k in order if ub[k] <= 0]] if want == 0 else [gains]
-    else:
-        stages = [order]
-    scored_windows = []
-    for n, stage in enumerate(stages):
-        if n and not any(w.delta > 0 for w in scored_windows):
-            break
+        taken = set(need[:room])
+        batch = list(taken) + [k for k in pending if k not in taken][:max(0, min(room, params.window_batch) - len(taken))]
+        pending = [k for k in pending if k not in set(batch)]
         requests = [(p0 + windows[k].start, list(windows[k].ids) + canon[windows[k].end:windows[k].end + la])
-                    for k in stage]
-        results = scorer.score_branches(base, requests) if requests else []
-        for k, got in zip(stage, results):
+                    for k in batch]
+        with clock("windows"):
+            results = scorer.score_branches(base, requests)
+        candidates += len(batch)
+        for k, got in zip(batch, results):
             w = windows[k]
-            if min(got[:len(w.ids)]) == -math.inf:
-                continue                              # a window the sampler could not have drawn
-            scored_windows.append(Window(w.start, w.end, w.ids, sum(max(v, FLOOR) for v in got) - ref[k]))
-    scored_count = sum(len(st) for st in stages[:1]) + (len(stages[1]) if len(stages) > 1 and any(
-        w.delta > 0 for w in scored_windows) else 0)
+            ref = sum(lp[w.start:min(len(canon), w.end + la)])
+            value[k] = -math.inf if min(got[:len(w.ids)]) == -math.inf else sum(max(v, FLOOR) for v in got) - ref
 
-    best = _best_two(len(canon), scored_windows, want, params.max_length_delta)
-    # Exact log-likelihoods of the two best (from their first edit on, on the cached prefix).
     total = sum(lp)
-    ranked = []
-    for k, edits in enumerate(best):
+    picked = [sol for sol in best if all(value.get(k, bound[k]) > -math.inf for k in sol)]
+    sols = [tuple(windows[k] for k in sol) for sol in picked]
+    # Exact log-likelihoods of the two best (from their first edit on, on the cached prefix). The
+    # winner's re-score is the next pass's base pass (the scorer reuses the prefix before its
+    # first edit), so it is asked for its alternatives too.
+    ranked: list[tuple[float, tuple[Window, ...]]] = []
+    for k, edits in enumerate(sols):
         if not edits:
             ranked.append((total, edits))
-            continue
-        if k and not best[0]:
-            # The base won locally: it stays whatever the runner-up's exact score, so the runner-up
-            # is not re-scored (on exact rows that tail pass was ~40% of the search's tokens); its
-            # margin is the local one.
-            ranked.append((total + sum(w.delta for w in edits), edits))
-            continue
-        ids = _apply(canon, edits)
-        first = edits[0].start
-        tail = scorer.score_branches(base, [(p0 + first, ids[first:])])[0]
-        ranked.append((sum(lp[:first]) + sum(max(v, FLOOR) for v in tail), edits))
+        elif not sols[0]:
+            # The base won: it stays whatever the runner-up's exact score, so the runner-up is not
+            # re-scored; its margin is the local one (a bound where a delta was not scored).
+            ranked.append((total + sum(value.get(i, bound[i]) for i in picked[k]), edits))
+        elif k:
+            ids = _apply(canon, edits)
+            first = edits[0].start
+            with clock("rescore"):
+                tail = scorer.score_branches(base, [(p0 + first, ids[first:])])[0]
+            ranked.append((sum(lp[:first]) + sum(max(v, FLOOR) for v in tail), edits))
+    nxt = None
+    if sols and sols[0]:
+        ids = _apply(canon, sols[0])
+        with clock("rescore"):
+            nxt = scorer.score(prompt + ids, p0, alternatives(ids, vocab))
+        ranked.append((sum(max(v, FLOOR) for v in nxt.logprobs), sols[0]))
     ranked.sort(key=lambda x: -x[0])
-    return _Pass(total, ranked, scored_count, truncated)
+    out = _Pass(total, ranked, candidates, truncated)
+    if ranked and ranked[0][1]:
+        win = ranked[0][1]
+        out.next_ids = _apply(canon, win)
+        if win is sols[0]:
+            out.next_base = nxt
+        else:
+            # The exact re-score reversed the local order: the runner-up wins; score it as a base.
+            with clock("rescore"):
+                out.next_base = scorer.score(prompt + out.next_ids, p0, alternatives(out.next_ids, vocab))
+        first = win[0].start
+        out.carry = {(w.start, w.end, w.ids): value[k] for k, w in enumerate(windows)
+                     if k in value and w.end + la <= first}
+    return out
 
 
 def _edits(canon: Sequence[int], ids: Sequence[int]) -> list[Window]:
@@ -327,30 +433,38 @@ def _apply(canon: Sequence[int], edits: Sequence[Window]) -> list[int]:
     return out + list(canon[t:])
 
 
-def _best_two(n: int, windows: Sequence[Window], want: int | None, max_delta: int) -> list[tuple[Window, ...]]:
-    """The two best sets of disjoint windows: total length change == want (None: any), by total
-    delta. The empty set (the canonical encoding) competes where its length is admissible."""
-    by_start: dict[int, list[Window]] = {}
-    for w in windows:
-        by_start.setdefault(w.start, []).append(w)
-    # states[i]: length change -> up to two (score, edits) reaching position i.
-    states: list[dict[int, list[tuple[float, tuple[Window, ...]]]]] = [dict() for _ in range(n + 1)]
+def _best_two(n: int, windows: Sequence[Window], value: Sequence[float], want: int | None,
+              max_delta: int) -> list[tuple[int, ...]]:
+    """The two best sets of disjoint windows (as indices): total length change == want (None:
+    any), by total value. The empty set (the base) competes where its length is admissible;
+    windows valued -inf are out."""
+    by_start: dict[int, list[int]] = {}
+    for k, w in enumerate(windows):
+        if value[k] > -math.inf:
+            by_start.setdefault(w.start, []).append(k)
+    # states[i]: length change -> up to two (score, window indices) reaching position i.
+    states: list[dict[int, list[tuple[float, tuple[int, ...]]]]] = [dict() for _ in range(n + 1)]
     states[0][0] = [(0.0, ())]
 
-    def offer(i: int, d: int, entry: tuple[float, tuple[Window, ...]]) -> None:
+    def offer(i: int, d: int, entry: tuple[float, tuple[int, ...]]) -> None:
         if abs(d) > max_delta:
             return
         cur = states[i].setdefault(d, [])
-        cur.append(entry)
-        cur.sort(key=lambda x: -x[0])
-        del cur[2:]
+        if len(cur) < 2:
+            cur.append(entry)
+            cur.sort(key=lambda x: -x[0])
+        elif entry[0] > cur[1][0]:
+            cur[1] = entry
+            cur.sort(key=lambda x: -x[0])
 
     for i in range(n):
+        starting = by_start.get(i, ())
         for d, entries in states[i].items():
             for e in entries:
                 offer(i + 1, d, e)
-                for w in by_start.get(i, ()):
-                    offer(w.end, d + w.length_change, (e[0] + w.delta, e[1] + (w,)))
+                for k in starting:
+                    w = windows[k]
+                    offer(w.end, d + w.length_change, (e[0] + value[k], e[1] + (k,)))
         states[i] = {}   # no longer needed
     final = states[n]
     pool = final.get(want, []) if want is not None else [e for es in final.values() for e in es]
