@@ -1,6 +1,6 @@
 """Stage `export_data`: the gated training rows -> SpecForge's and speculators' offline layouts.
 
-python -m stages.export_data --params params.yaml --hidden data/hidden --tokens data/tokens/tokens.parquet \
+python -m stages.export_data --params params.yaml --hidden data/hidden --tokens data/repair/tokens.parquet \
     --gate data/gates/hidden.json --out data/export [--formats specforge,speculators] [--metrics FILE]
 
 Refuses to run unless the hidden gate passed (the rows are the ones it judged). The layouts and how

@@ -2,14 +2,14 @@
 
 speculators (vLLM's extraction; draftgate/hidden/importer.py):
 python -m stages.import_hidden --params params.yaml --hs DIR --dataset DIR \
-    --tokens data/tokens/tokens.parquet --out data/hidden [--vllm-layers 2,15,27] [--metrics FILE]
+    --tokens data/repair/tokens.parquet --out data/hidden [--vllm-layers 2,15,27] [--metrics FILE]
 SpecForge (SGLang's; draftgate/hidden/import_specforge.py; the final state stays after the norm,
 declared in the manifest):
 python -m stages.import_hidden --format specforge --params params.yaml --hs DIR \
-    --tokens data/tokens/tokens.parquet --out data/hidden [--layers 1,14,26] [--metrics FILE]
+    --tokens data/repair/tokens.parquet --out data/hidden [--layers 1,14,26] [--metrics FILE]
 
 The importers convert, the hidden gate judges. Then:
-python -m stages.gate_hidden expectations/hidden.json data/hidden --input tokens=data/tokens/tokens.parquet
+python -m stages.gate_hidden expectations/hidden.json data/hidden --input tokens=data/repair/tokens.parquet
 """
 
 from __future__ import annotations
