@@ -214,6 +214,11 @@ class BillingParams:
     # (An offset, so negative too; never more than a context's worth.)
     prompt: dict[str, Union[Annotated[int, Range(ge=-MAX_CONTEXT, le=MAX_CONTEXT)], Literal["learn"]]] = field(
         default_factory=lambda: {"*": "learn"})
+    # prefill: text a provider appends to the generation prompt of a thinking model and bills as
+    # prompt (e.g. the think opener), absent from the completion it returns
+    # (reconstruct/billing_prefill.py, evidence in docs/provider-rules.md). Special names resolve
+    # to the contract's ids. Empty: no provider prefills.
+    prefill: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

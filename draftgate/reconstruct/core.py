@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from draftgate.reconstruct import billing, prefix
+from draftgate.reconstruct import billing, billing_prefill, prefix
 from draftgate.reconstruct.classify import compare, first_difference
 from draftgate.reconstruct.degenerate import repetition, tenth
 from draftgate.reconstruct.flags import Markers, flags, prompt_think_open
@@ -53,6 +53,9 @@ class Setup:
     # reconstruct.max_repetition: a completion whose seq-rep-4 is above it is quarantined as
     # `degenerate` (degenerate.py); 1.0 keeps every row.
     max_repetition: float = 1.0
+    # reconstruct.billing.prefill resolved (billing_prefill.resolve): per provider (lower-cased),
+    # the ids it appends to the generation prompt; they move from the completion to the prompt.
+    prefill: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -173,11 +176,24 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
         if pr.ids is None:
             pr.finish(pieces, literal, special_set, m)
         prompt_ids, text_ids = pr.ids, pieces.ids(plan)
+        think_open = pr.think_open
+        pre = setup.prefill.get(billing.provider_key(r.get("provider"))) if setup.prefill else None
+        if pre is not None:
+            # The provider prefilled the generation prompt (billing_prefill.py): those ids were the
+            # prompt's, the completion it returned starts after them.
+            moved = billing_prefill.split(prompt_ids, text_ids, pre)
+            if moved is None:
+                out.quarantine(row, "prefill_absent",
+                               f"reconstruct.billing.prefill declares {list(pre)} for provider {r.get('provider')!r} "
+                               f"but the rendered completion starts {text_ids[:len(pre)]}")
+                continue
+            prompt_ids, text_ids = moved
+            think_open = prompt_think_open(prompt_ids, m)
         row["special_in_text"] = pr.special_in_text or _special_in_text(plan, pieces, special_set)
         unstable = pr.literal or (prefix.boundary_merge(prompt_ids, pr.last_len, engine[at[k]])
                                   if k in at else None)
 
-        reference, source = _reference(r, cseg, text_ids, m.end, setup, index, out, render_text)
+        reference, source = _reference(r, cseg, text_ids, m.end, setup, index, out, render_text, pre or ())
         if reference is not None and reference and not 0 <= min(reference) <= max(reference) < vocab:
             out.quarantine(row, f"{source}_ids_outside_vocabulary",
                            f"ids {min(reference)}..{max(reference)}, vocabulary 0..{vocab - 1}")
@@ -194,10 +210,10 @@ def reconstruct(responses: Sequence[Mapping[str, Any]], prompts: Mapping[str, Ma
             out.counts["differing_tokens"]["reference"] += cmp.span[1]
 
         markers_seen = None
-        if final is text_ids and not row["special_in_text"]:
+        if final is text_ids and not row["special_in_text"] and pre is None:
             # The plan says where the specials are: no need to scan the ids for markers.
             markers_seen = [parts[x][0] for x in plan if x < n_special and parts[x][0] in marker_ids]
-        f = flags(final, prompt_ids, n.parts.truncated, m, markers_seen, pr.think_open)
+        f = flags(final, prompt_ids, n.parts.truncated, m, markers_seen, think_open)
         row.update(
             prompt_len=len(prompt_ids), completion_ids=final, method=method, match=cmp.match,
             first_diff=cmp.first_diff, diff_context=cmp.context, n_completion=len(final),
@@ -349,7 +365,7 @@ def _think_closed(tmpl: Any, c: Any, r: Mapping[str, Any], ids: Mapping[str, int
 
 
 def _reference(r: Mapping[str, Any], cseg: list, text_ids: list[int], end_id: int, setup: Setup,
-               index: BytesIndex | None, out: Result, render_text: Any
+               index: BytesIndex | None, out: Result, render_text: Any, prefill: Sequence[int] = ()
                ) -> tuple[Sequence[int] | None, str | None]:
     """The ids the model produced, when the backend told us: truth ids, else logprob bytes."""
     truth = r.get("truth_ids")
@@ -368,6 +384,8 @@ def _reference(r: Mapping[str, Any], cseg: list, text_ids: list[int], end_id: in
     # bytes must be the rendered completion's bytes, the end token allowed to be absent.
     got = b"".join(setup.tok.token_bytes(i) for i in look.ids)
     want = render_text(cseg).encode("utf-8")
+    if prefill:   # the prompt's now (billing_prefill.py): the provider's logprobs start after it
+        want = want.removeprefix(b"".join(setup.tok.token_bytes(i) for i in prefill))
     ids = list(look.ids)
     if got != want:
         end = setup.tok.token_bytes(end_id)

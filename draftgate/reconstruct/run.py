@@ -40,6 +40,7 @@ def run(params: Any, request: ReconstructRequest) -> ReconstructRun:
     from draftgate.config import as_dict
     from draftgate.metrics import StageMetrics
     from draftgate.official import official_template
+    from draftgate.reconstruct.billing_prefill import resolve as resolve_prefill
     from draftgate.reconstruct.core import Setup
     from draftgate.reconstruct.inputs import special_ids
     from draftgate.reconstruct.table import REPORT_COLUMNS, mismatch_report, reconstruct_files
@@ -57,7 +58,8 @@ def run(params: Any, request: ReconstructRequest) -> ReconstructRun:
     setup = Setup(tok, template, ids, thinking=params.template.thinking,
                   method=params.reconstruct.method, official=official,
                   request_rules=tuple(params.reconstruct.request_rules),
-                  max_repetition=params.reconstruct.max_repetition)
+                  max_repetition=params.reconstruct.max_repetition,
+                  prefill=resolve_prefill(tok, ids, params.reconstruct.billing.prefill))
     out = request.out / "tokens.parquet"
     result, billing, _ = reconstruct_files(request.responses, request.prompts, out, setup,
                                            params.reconstruct.on_billing_mismatch,
