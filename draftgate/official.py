@@ -42,7 +42,7 @@ class OfficialTemplate:
         """The prompt string a serving engine builds for this request (generation prompt on)."""
         try:
             out = self.renderer.apply_chat_template(
-                messages, tools=tools or None, chat_template=self.template,
+                engine_messages(messages), tools=tools or None, chat_template=self.template,
                 add_generation_prompt=True, tokenize=False, **kwargs)
         except Exception as e:  # Jinja raises its own exceptions (raise_exception in templates)
             raise OfficialTemplateError(f"the official template ({self.source}) cannot render this "
@@ -54,6 +54,16 @@ class OfficialTemplate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "sha256": self.sha256, "hooks_sha256": self.hooks_sha256}
+
+
+def engine_messages(messages: list[dict]) -> list[dict]:
+    """The messages as vLLM and SGLang hand them to the template: a `content` that is None or
+    missing becomes "" in every role (docs/templates.md, "content: None", has the engine lines).
+    Rendered raw, a template that tests `'</think>' in message.content` (Qwen3's) raises on None
+    where the engine renders, and bills, an empty content."""
+    if all(isinstance(m, dict) and m.get("content") is not None for m in messages):
+        return messages
+    return [{**m, "content": ""} if isinstance(m, dict) and m.get("content") is None else m for m in messages]
 
 
 def official_template(tok: Any, kind: str, path: str | None = None) -> OfficialTemplate | None:
