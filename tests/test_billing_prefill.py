@@ -16,6 +16,7 @@ import pytest
 from draftgate.config import BillingParams
 from draftgate.reconstruct.billing_prefill import PrefillError, resolve
 from draftgate.reconstruct.core import Setup
+from draftgate.reconstruct.inputs import InputError
 from draftgate.templates import encode_segments, get_template
 from reconstruct_fixtures import reconstruct_tables
 from test_reconstruct_gate import gate, names, prompt, tables
@@ -66,6 +67,8 @@ def test_a_prefill_resolves_by_name_to_the_ids_the_tokenizer_gives_its_text(qwen
 def test_a_prefill_that_opens_no_think_block_is_refused_naming_the_param(qwen3_tok, text, why):
     with pytest.raises(PrefillError, match=rf"reconstruct\.billing\.prefill\.x .*{why}"):
         resolve(qwen3_tok, names(qwen3_tok, "qwen3"), {"x": text})
+    # The stage reports it as it reports any input it cannot use: the message, exit 1.
+    assert issubclass(PrefillError, InputError)
 
 
 def test_a_declared_prefill_moves_the_opener_into_the_prompt_and_both_bills_agree(tmp_path, qwen3_tok):
@@ -121,3 +124,28 @@ def test_a_row_whose_completion_does_not_start_with_the_prefill_is_quarantined_w
 
 def test_the_rule_is_off_by_default(qwen3_tok):
     assert BillingParams().prefill == {} and Setup(qwen3_tok, get_template("qwen3"), {}, True).prefill == {}
+
+
+def stage_params(tmp_path, qwen3_tok, prefill):
+    import yaml
+
+    from test_stage_reconstruct import write_inputs
+
+    args = write_inputs(tmp_path, qwen3_tok)
+    p = tmp_path / "params.yaml"
+    params = yaml.safe_load(p.read_text())
+    params["reconstruct"]["billing"] = {"prefill": prefill}
+    p.write_text(yaml.safe_dump(params))
+    return args
+
+
+def test_the_stage_reads_the_prefill_from_params_and_moves_it_into_the_prompt(tmp_path, qwen3_tok):
+    import pyarrow.parquet as pq
+
+    from stages import reconstruct as stage
+
+    assert stage.main(stage_params(tmp_path, qwen3_tok, {"LOCAL": "<think>"})) == 0
+    rows = {r["prompt_id"]: r for r in pq.read_table(tmp_path / "tokens" / "tokens.parquet").to_pylist()}
+    # p1 has no truth ids: its completion is the rendered text without the opener, now the prompt's.
+    assert rows["p1"]["completion_ids"] == qwen3_tok.encode("\nHm.\n</think>\n\nAnswer.<|im_end|>")
+    assert rows["p1"]["input_ids"][rows["p1"]["prompt_len"] - 1] == qwen3_tok.token_id("<think>")
