@@ -5,8 +5,9 @@ any byte difference; a probe the code template refuses (TemplateError: chatml ha
 kimi_k2 has no thinking, ...) is reported as not applicable. Messages are OpenAI-shaped as our
 templates take them: tool-call arguments are JSON strings (verbatim, odd spacing included),
 history tool calls carry the model's own ids (`functions.NAME:IDX`), reasoning sits under
-`reasoning_content` (the key the official templates read), tool-call turns have content "" (not
-None: Qwen3's template cannot add None to a string).
+`reasoning_content` (the key the official templates read), tool-call turns have content "" (None
+renders the same: the official render hands the template "" as vLLM and SGLang do, official.py;
+the generated corpus, corpus.py, holds the None contents).
 """
 
 from __future__ import annotations
