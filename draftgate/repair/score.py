@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 NEG_INF = float("-inf")
+HEAD_ROWS = 256          # positions per LM-head chunk (HFScorer._logprobs)
 
 
 class ScoreError(ValueError):
@@ -145,13 +146,22 @@ class HFScorer:
 
     def _logprobs(self, hidden: Any, targets: Sequence[int], ask: Sequence[Sequence[int]] | None = None
                   ) -> tuple[list[float], list[dict[int, float]]]:
+        """The head and the sampler's distribution, HEAD_ROWS positions at a time: a batch's
+        [positions, vocabulary] logits at once (5,500 x 49,152 floats, 1 GB, on a demo batch)
+        made the batched base pass 2.6x the hidden stage's forward instead of ~1.3x."""
         import torch
 
-        lp = tempered_logprobs(self.model.get_output_embeddings()(hidden), self.sampling)
-        t = torch.tensor(list(targets), dtype=torch.long, device=lp.device)
-        mine = lp.gather(-1, t[:, None])[:, 0].tolist()
-        asked = [{int(a): float(v) for a, v in zip(want, lp[k, list(want)].tolist())} if want else {}
-                 for k, want in enumerate(ask or [()] * len(mine))]
+        head = self.model.get_output_embeddings()
+        targets = list(targets)
+        ask = list(ask) if ask is not None else [()] * len(targets)
+        mine: list[float] = []
+        asked: list[dict[int, float]] = []
+        for a in range(0, len(targets), HEAD_ROWS):
+            lp = tempered_logprobs(head(hidden[a:a + HEAD_ROWS]), self.sampling)
+            t = torch.tensor(targets[a:a + HEAD_ROWS], dtype=torch.long, device=lp.device)
+            mine += lp.gather(-1, t[:, None])[:, 0].tolist()
+            asked += [{int(i): float(v) for i, v in zip(want, lp[k, list(want)].tolist())} if want else {}
+                      for k, want in enumerate(ask[a:a + HEAD_ROWS])]
         return mine, asked
 
     def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None) -> Scored:

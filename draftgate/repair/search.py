@@ -5,31 +5,34 @@ the same bytes agrees with C up to some canonical token boundary, differs for a 
 re-joins C at a later canonical boundary: it is a set of disjoint WINDOWS, each starting with a
 token other than C's at a boundary. So:
 
-1. One pass over prompt + C (`Scorer.score`) gives, at every completion position t, the
-   distribution given the canonical prefix: the log-probability of C[t] and of each ALTERNATIVE,
-   a token whose bytes are a prefix of the text that remains from t (looked up by bytes in the
-   contract's vocabulary, never by decoding strings). Special-token positions are never edited:
-   only the text spans between them are re-segmented.
-2. An alternative the sampler could plausibly have drawn (probability >= min_branch_prob, inside
-   the nucleus) opens windows: every way to continue it with at most window_tokens tokens until a
-   canonical boundary is reached (depth first, longest token first; window_candidates per branch,
-   row_candidates per row, so a whitespace run cannot explode it). Each window is scored on the
-   cached prefix (`Scorer.score_branches`) together with rejoin_tokens canonical tokens after it;
-   its DELTA is that sum minus the canonical tokens' over the same span.
+1. One pass over prompt + C (`Scorer.score`; `Scorer.score_rows` batches it over many rows,
+   `search_rows`) gives, at every completion position t, the distribution given the canonical
+   prefix: the log-probability of C[t] and of each ALTERNATIVE, a token whose bytes are a prefix
+   of the text that remains from t (looked up by bytes in the contract's vocabulary, never by
+   decoding strings). Special-token positions are never edited: only the text spans between them
+   are re-segmented.
+2. Every alternative inside the nucleus opens windows: every way to continue it with at most
+   window_tokens tokens until a canonical boundary is reached (depth first, longest token first;
+   window_candidates per branch, so a whitespace run cannot explode it). A window's DELTA is its
+   log-likelihood, with rejoin_tokens canonical tokens after it, minus the canonical tokens' over
+   the same span; its first token's log-probability minus the canonical span's bounds it.
 3. A dynamic programme over positions picks disjoint windows whose length changes sum to the bill
    (billed count under the provider's convention minus len(C)) with the largest total delta,
-   keeping the two best solutions. Without a usable bill the length is free (flag `no_bill`).
+   keeping the two best; branch and bound scores (`Scorer.score_branches`, on the cached prefix)
+   only the windows that, by their bounds, could enter those two (`_pass`). Without a usable bill
+   the length is free (flag `no_bill`).
 4. The best and the runner-up are re-scored exactly: their ids from the first edit on, against
    the cached prefix, so the margins are full-sequence log-likelihood differences, not the sum of
-   local deltas (windows interact when close).
+   local deltas (windows interact when close). The winner's re-score is the next pass's base.
 
 Every candidate is built from tokens whose bytes tile the span exactly, so it decodes to the same
 bytes by construction; `decodes_to` proves it again for the chosen ids.
 
 Outcome per row (`Outcome`): `repaired` with the chosen ids, or `kept` with a reason:
-`canonical` (the canonical encoding is the best at that length), `ambiguous` (best and
-runner-up within ambiguous_margin nats), `no_candidate` (nothing reaches the billed length),
-`budget` (the same, with candidates cut by a cap).
+`canonical` (the canonical encoding is the best at that length), `ambiguous` (the canonical
+encoding is admissible and the best is within ambiguous_margin nats of the runner-up or of it),
+`no_candidate` (nothing reaches the billed length), `budget` (the same, with candidates cut by
+row_candidates).
 """
 
 from __future__ import annotations
