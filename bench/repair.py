@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     forwards = tokens = 0
     phases: dict[str, list[float]] = {}
     failures = []
+    graded = []          # (confidence, confidence_hi, differed, exact after) per row: calibration
     index = [k for k in range(len(rows)) if not args.only or k in args.only]    # the rows' own numbers
     rows = [rows[k] for k in index]
     target = (lambda r: None) if args.no_bill else (lambda r: r["billed"])
@@ -169,6 +170,18 @@ def main(argv: list[str] | None = None) -> int:
         assert vocab.bytes_of(out.ids) == vocab.bytes_of(r["canon"]), "a candidate changed the bytes"
         reasons[out.reason or "repaired"] += 1
         exact_after = out.ids == r["truth"]
+        if same_bytes and out.confidence is not None:
+            graded.append((out.confidence, out.confidence_hi, differs, exact_after))
+        # What ambiguous_margin 1 would have done: keep the text ids where they were admissible
+        # (no bill, or the bill's length) and the choice won by under a nat.
+        admissible = target(r) is None or target(r) == len(r["canon"])
+        close = [m for m in (out.margin_runner_up, out.margin_canonical) if m is not None]
+        kept_at_1 = out.status == "repaired" and admissible and bool(close) and min(close) < 1.0
+        exact_at_1 = r["canon"] == r["truth"] if kept_at_1 else exact_after
+        if not differs:
+            counts["exact_broken_at_margin_1"] += not exact_at_1
+        elif same_bytes:
+            counts["made_exact_at_margin_1"] += exact_at_1
         if not differs:
             counts["exact_before"] += 1
             counts["exact_broken"] += not exact_after
@@ -219,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         "differing_by_dataset": {k[10:]: v for k, v in counts.items() if k.startswith("differing_")},
         "made_exact_by_dataset": dict(fixed_by),
         "exact_before": counts["exact_before"], "exact_broken": counts["exact_broken"],
+        "at_ambiguous_margin_1": {"made_exact": counts["made_exact_at_margin_1"],
+                                  "exact_broken": counts["exact_broken_at_margin_1"]},
         "semantic": counts["semantic"], "outcomes": dict(reasons),
         "forwards_per_row": forwards / n, "tokens_scored_per_row": tokens / n,
         "row_tokens_per_row": sum(len(r["prompt"]) + len(r["canon"]) for r in rows) / n,
@@ -230,12 +245,44 @@ def main(argv: list[str] | None = None) -> int:
         "search_over_plain": round(search_s / plain_s, 2),
         "search_cpu_s": round(search_cpu, 2), "plain_forward_cpu_s": round(plain_cpu, 2),
         "search_over_plain_cpu": round(search_cpu / plain_cpu, 2),
+        "calibration": calibration(graded),
         "params": overrides, "failures": failures[:10],
     }
     print(json.dumps(figures, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0
+
+
+def calibration(graded: list[tuple[float, float, bool, bool]]) -> dict:
+    """Is the search's posterior of its choice (`Outcome.confidence`, mass at bound for unscored
+    windows: errs low; `confidence_hi`, scored windows only: errs high) the share that comes out
+    exact? Per bin over every graded row and over the differing ones; and, for a user who keeps
+    only rows at or above a confidence, the differing rows kept, made exact, and exact rows broken."""
+    out: dict = {}
+    for name, k in (("low", 0), ("high", 1)):
+        for scope, rows in (("all", graded), ("differing", [g for g in graded if g[2]])):
+            if rows:
+                out[f"{name}_{scope}"] = {"predicted": round(sum(g[k] for g in rows) / len(rows), 4),
+                                          "observed": round(sum(g[3] for g in rows) / len(rows), 4), "rows": len(rows)}
+        bins = []
+        for lo, hi in ((0, .5), (.5, .8), (.8, .9), (.9, .95), (.95, .99), (.99, 1.01)):
+            b = [g for g in graded if lo <= g[k] < hi]
+            if b:
+                bins.append({"bin": [lo, min(hi, 1)], "rows": len(b), "differing": sum(g[2] for g in b),
+                             "mean": round(sum(g[k] for g in b) / len(b), 3),
+                             "exact": round(sum(g[3] for g in b) / len(b), 3)})
+        out[f"{name}_bins"] = bins
+        at = {}
+        d = sum(g[2] for g in graded)
+        for t in (0.5, 0.8, 0.9, 0.95):
+            kept = [g for g in graded if g[2] and g[k] >= t]
+            at[str(t)] = {"differing_kept": len(kept), "coverage": round(len(kept) / d, 3) if d else None,
+                          "made_exact": sum(g[3] for g in kept),
+                          "share": round(sum(g[3] for g in kept) / len(kept), 3) if kept else None,
+                          "ci95": [round(x, 3) for x in wilson(sum(g[3] for g in kept), len(kept))]}
+        out[f"{name}_at"] = at
+    return out
 
 
 def _diff(vocab, canon, truth, got) -> dict:

@@ -262,7 +262,12 @@ class RepairParams:
     max_length_delta: Annotated[int, Range(ge=1, le=64)] = 8  # |billed - canonical| searched
     # A choice whose log-likelihood beats the runner-up (or an admissible canonical encoding) by
     # less than this (nats) is `ambiguous`: the row keeps its ids, where the bill allows them.
-    ambiguous_margin: Annotated[float, Range(ge=0.0, le=100.0)] = 1.0
+    # 0: the likeliest split always (the posterior's mode makes the most rows exact).
+    ambiguous_margin: Annotated[float, Range(ge=0.0, le=100.0)] = 0.0
+    # Exact re-scoring: the best two, and up to `beam` solutions in all whose local score is
+    # within rescore_margin nats of the best (near-ties: local deltas cannot order them).
+    beam: Annotated[int, Range(ge=2, le=64)] = 4
+    rescore_margin: Annotated[float, Range(ge=0.0, le=100.0)] = 1.0
     # Passes: each re-searches around the previous choice (edits that pay only together).
     passes: Annotated[int, Range(ge=1, le=8)] = 3
     branch_tokens: Tokens = 1024            # HF: branch tokens per tree-masked forward

@@ -9,7 +9,7 @@ import pytest
 
 from draftgate.config import RepairParams
 from draftgate.repair.score import HFScorer, Sampling
-from draftgate.repair.search import Vocab, search, spans
+from draftgate.repair.search import Vocab, Window, _best, _contenders, _log_mass, search, spans
 from test_repair_score import local_model
 
 # The model wrote " trans|pose" where the text re-encodes as " transpose" (twice): canonical shorter.
@@ -70,6 +70,37 @@ def repaired(lm, vocab, prompt, canon, target, **params):
     return out
 
 
+def test_the_posterior_mass_sums_every_set_of_disjoint_windows_at_the_bills_length():
+    import itertools
+    import math
+
+    # Six positions; windows overlap, change the length by -1, 0 or +1, one is impossible.
+    ws = [Window(0, 2, (1,)), Window(1, 2, (2, 3)), Window(1, 3, (4, 5, 6)), Window(3, 4, (7, 8)),
+          Window(4, 6, (9,)), Window(5, 6, (10, 11))]
+    vals = [-1.0, 0.5, -2.0, -0.25, -3.0, -math.inf]
+    for want in (-2, -1, 0, 1, 2, None):
+        terms = []
+        for r in range(len(ws) + 1):
+            for sol in itertools.combinations(range(len(ws)), r):
+                spans_ = sorted((ws[k].start, ws[k].end) for k in sol)
+                if all(a[1] <= b[0] for a, b in zip(spans_, spans_[1:])) and (
+                        want is None or sum(ws[k].length_change for k in sol) == want):
+                    terms.append(sum(vals[k] for k in sol))
+        finite = [t for t in terms if t > -math.inf]
+        brute = math.log(sum(math.exp(t) for t in finite)) if finite else -math.inf
+        assert _log_mass(6, ws, vals, want, 8) == pytest.approx(brute, abs=1e-9)
+        # The same lattice's k best (the beam) are the k largest of those sums.
+        for keep in (2, 3, 5):
+            assert [v for v, _ in _best(6, ws, vals, want, 8, keep)] == pytest.approx(sorted(finite, reverse=True)[:keep])
+
+
+def test_near_ties_are_settled_by_exact_scores_and_a_leading_base_stands_alone():
+    best = [(0.4, (1,)), (0.3, (2,)), (0.0, ()), (-0.5, (3, 4)), (-2.0, (5,))]
+    assert _contenders(best, 1.0) == [(1,), (2,), (), (3, 4)]       # within 1 nat of the best
+    assert _contenders(best, 0.0) == [(1,), (2,)]                   # always the best two
+    assert _contenders([(0.0, ()), (-0.1, (1,)), (-0.2, (2,))], 1.0) == [(), (1,)]  # the base leads: it stands
+
+
 def test_a_row_whose_canonical_encoding_is_shorter_than_what_the_model_sampled_is_made_exact(lm, vocab):
     prompt, canon, truth = row(lm, vocab, TRANSPOSE)
     assert len(canon) == len(truth) - 1
@@ -78,6 +109,8 @@ def test_a_row_whose_canonical_encoding_is_shorter_than_what_the_model_sampled_i
     # The base pass, a few branch-and-bound rounds, the exact re-scores (the winner's is the
     # second pass's base, from its first edit on), the second pass finding nothing better.
     assert out.margin_runner_up > 1.0 and out.forwards <= 12 and out.passes == 2
+    # A clear choice is a confident one; over the scored windows alone it can only look surer.
+    assert 0.5 < out.confidence <= out.confidence_hi <= 1.0
 
 
 def test_a_same_length_re_split_is_found_although_the_bill_already_agrees(lm, vocab):

@@ -27,6 +27,7 @@ COLUMNS = (
     ("repair_target_len", "int32", "the completion length the bill asks for under the convention"),
     ("repair_margin_runner_up", "float64", "nats: the chosen tokenization over the runner-up"),
     ("repair_margin_canonical", "float64", "nats: the chosen tokenization over the canonical encoding"),
+    ("repair_confidence", "float64", "the choice's posterior among every split of the text at the length (errs low)"),
     ("repair_candidates", "int32", "windows scored"),
     # Fractional: a batched first pass is shared out over its rows (search.search_rows).
     ("repair_forwards", "float64", "model passes (or engine requests) spent on the row"),
@@ -60,11 +61,14 @@ class Request:
     progress: Any = None                         # called (rows done, rows, counts) now and then
 
 
-def target_length(billed: int | None, convention: str | None, ends_with_end: bool) -> int | None:
-    """The completion length the bill implies (billing.py's conventions), or None: no usable bill."""
+def target_length(billed: int | None, convention: str | None, ends_with_eos: bool) -> int | None:
+    """The completion length the bill implies, or None: no usable bill. billing.residual's rule
+    turned around: under excludes_end a completion that ends with the end token is one longer."""
+    from draftgate.reconstruct.billing import EXCLUDES_END
+
     if billed is None or convention is None:
         return None
-    return billed + (1 if convention == "excludes_end" and ends_with_end else 0)
+    return billed + (1 if convention == EXCLUDES_END and ends_with_eos else 0)
 
 
 def run(request: Request) -> tuple[Any, dict]:
@@ -74,16 +78,15 @@ def run(request: Request) -> tuple[Any, dict]:
     rows = request.tokens.to_pylist()
     counts: Counter = Counter()
     forwards = tokens_scored = candidates = 0
+    expected = 0.0                 # the repaired rows' summed confidence: made exact, expected
     phases: dict[str, list[float]] = {}
 
     def searchable(row: dict) -> bool:
         return row["quarantine_reason"] is None and row["method"] == "text" and p.backend != "off"
 
     def triple(row: dict) -> tuple[list[int], list[int], int | None]:
-        canon = row["completion_ids"]
-        ends = bool(canon) and canon[-1] in request.vocab.added
-        return (row["input_ids"][:row["prompt_len"]], canon,
-                target_length(row["billed_completion_tokens"], row["billing_convention"], ends))
+        return (row["input_ids"][:row["prompt_len"]], row["completion_ids"],
+                target_length(row["billed_completion_tokens"], row["billing_convention"], bool(row["ends_with_eos"])))
 
     # One batched first pass for every searched row (the hidden stage's batching), then each
     # row's search on its own slice of it; outcomes come back in row order.
@@ -113,9 +116,11 @@ def run(request: Request) -> tuple[Any, dict]:
                 acc[k] += v
         row.update(repair_status=out.status, repair_reason=out.reason, repair_no_bill=out.no_bill,
                    repair_target_len=out.target_len, repair_margin_runner_up=out.margin_runner_up,
-                   repair_margin_canonical=out.margin_canonical, repair_candidates=out.candidates,
+                   repair_margin_canonical=out.margin_canonical, repair_confidence=out.confidence,
+                   repair_candidates=out.candidates,
                    repair_forwards=out.forwards, repair_tokens_scored=out.tokens)
         if out.status == "repaired":
+            expected += out.confidence or 0.0
             row["text_ids"] = canon
             row["completion_ids"] = out.ids
             row["input_ids"] = prompt + out.ids
@@ -134,6 +139,10 @@ def run(request: Request) -> tuple[Any, dict]:
         "kept_by_reason": {k[7:]: v for k, v in sorted(counts.items()) if k.startswith("reason_") and v},
         "no_bill": counts["no_bill"],
         "ambiguous_share": counts["reason_ambiguous"] / searched if searched else 0.0,
+        # Without ground truth: how many of the repaired rows the target's own posterior expects
+        # to be the ids it sampled (docs/repair.md "Confidence"; bench/repair.py checks it).
+        "expected_made_exact": round(expected, 3),
+        "expected_exact_share_of_repaired": round(expected / counts["repaired"], 4) if counts["repaired"] else 1.0,
         "forwards_per_searched_row": forwards / searched if searched else 0.0,
         "tokens_scored_per_searched_row": tokens_scored / searched if searched else 0.0,
         "candidates_per_searched_row": candidates / searched if searched else 0.0,

@@ -277,40 +277,41 @@ class HFScorer:
         return out
 
     def _branch_forward(self, group: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
+        """One tree-masked pass over every branch's tokens but its last: token 0 of a branch is
+        predicted by the base's state at at-1, token i by the branch's token i-1, so the last
+        token's own state is never needed (forwarding it cost a third of the window tokens)."""
         import torch
 
         _, cache, base_h = self._base
         n = base_h.shape[0]
-        flat: list[int] = []
+        fed: list[int] = []              # the tokens forwarded: each branch without its last
         pos: list[int] = []
         rows = []
         for at, ids in group:
-            rows.append((len(flat), at, len(ids)))
-            flat += list(ids)
-            pos += range(at, at + len(ids))
-        m = len(flat)
+            rows.append((len(fed), at, len(ids)))
+            fed += list(ids[:-1])
+            pos += range(at, at + len(ids) - 1)
+        m = len(fed)
         dev, dtype = self.device, next(self.model.parameters()).dtype
-        allow = torch.zeros((m, n + m), dtype=torch.bool)
-        for off, at, k in rows:
-            allow[off:off + k, :at] = True                                   # the shared prefix
-            allow[off:off + k, n + off:n + off + k] = torch.ones(k, k, dtype=torch.bool).tril()
-        mask = torch.zeros((1, 1, m, n + m), dtype=dtype)
-        mask.masked_fill_(~allow[None, None], torch.finfo(dtype).min)
-        x = torch.tensor([flat], dtype=torch.long, device=dev)
         with torch.inference_mode():
-            if any(k > 1 for _, _, k in rows):
+            h = None                     # one-token branches only: the base's states predict them all
+            if m:
+                allow = torch.zeros((m, n + m), dtype=torch.bool)
+                for off, at, k in rows:
+                    allow[off:off + k - 1, :at] = True                               # the shared prefix
+                    allow[off:off + k - 1, n + off:n + off + k - 1] = torch.ones(k - 1, k - 1, dtype=torch.bool).tril()
+                mask = torch.zeros((1, 1, m, n + m), dtype=dtype)
+                mask.masked_fill_(~allow[None, None], torch.finfo(dtype).min)
+                x = torch.tensor([fed], dtype=torch.long, device=dev)
                 h = self.model.get_decoder()(input_ids=x, attention_mask=mask.to(dev),
                                              position_ids=torch.tensor([pos], device=dev),
                                              cache=cache, use_cache=True).last_hidden_state[0]
                 cache.crop(-m)               # the base stays cached for the next group (crop takes -tokens)
                 self.counters.forwards += 1
                 self.counters.tokens += m
-            else:
-                h = None                     # one-token branches: the base's states predict them all
-            # Branch token 0 is predicted by the base's state at at-1, token i by the branch's i-1.
             states = torch.cat([torch.cat([base_h[at - 1:at], h[off:off + k - 1]]) if k > 1 else base_h[at - 1:at]
                                 for off, at, k in rows])
-            lps, _ = self._logprobs(states, flat)
+            lps, _ = self._logprobs(states, [t for _, ids in group for t in ids])
         out, i = [], 0
         for _, _, k in rows:
             out.append(lps[i:i + k])

@@ -18,12 +18,16 @@ token other than C's at a boundary. So:
    the same span; its first token's log-probability minus the canonical span's bounds it.
 3. A dynamic programme over positions picks disjoint windows whose length changes sum to the bill
    (billed count under the provider's convention minus len(C)) with the largest total delta,
-   keeping the two best; branch and bound scores (`Scorer.score_branches`, on the cached prefix)
-   only the windows that, by their bounds, could enter those two (`_pass`). Without a usable bill
+   keeping the `beam` best; branch and bound scores (`Scorer.score_branches`, on the cached prefix)
+   only the windows that, by their bounds, could enter the contenders: the best two, and the
+   others within rescore_margin nats of the best (`_pass`, `_contenders`). Without a usable bill
    the length is free (flag `no_bill`).
-4. The best and the runner-up are re-scored exactly: their ids from the first edit on, against
-   the cached prefix, so the margins are full-sequence log-likelihood differences, not the sum of
-   local deltas (windows interact when close). The winner's re-score is the next pass's base.
+4. The contenders are re-scored exactly: their ids from the first edit on, against the cached
+   prefix, so the margins are full-sequence log-likelihood differences, not the sum of local
+   deltas (windows interact when close). The winner's re-score is the next pass's base.
+5. The winner's CONFIDENCE is its share of the likelihood of every split at the length (`_log_mass`:
+   the same programme summing instead of maximising; unscored windows at their bound, so it errs
+   low): the posterior that the choice is what was sampled.
 
 Every candidate is built from tokens whose bytes tile the span exactly, so it decodes to the same
 bytes by construction; `decodes_to` proves it again for the chosen ids.
@@ -109,13 +113,15 @@ class Outcome:
     target_len: int | None
     margin_runner_up: float | None         # nats: chosen minus the runner-up (None: no runner-up)
     margin_canonical: float | None         # nats: chosen minus the canonical encoding
+    confidence: float | None               # the choice's posterior among the splits at the length
+    confidence_hi: float | None            # the same over the scored windows only (errs high)
     candidates: int                        # windows scored
     forwards: int
     tokens: int
     edits: list[Window] = field(default_factory=list)
     passes: int = 0
     # phase -> [forwards, tokens, seconds]: base (the first pass over prompt + canonical ids),
-    # windows (scoring candidate windows), rescore (exact scores of the best two, later bases).
+    # windows (scoring candidate windows), rescore (exact scores of the contenders, later bases).
     phases: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -145,7 +151,8 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
     f0, t0 = scorer.counters.forwards, scorer.counters.tokens
     no_bill = target_len is None
     out = Outcome(ids=canon, status="kept", reason=None, no_bill=no_bill, target_len=target_len,
-                  margin_runner_up=None, margin_canonical=None, candidates=0, forwards=0, tokens=0)
+                  margin_runner_up=None, margin_canonical=None, confidence=None, confidence_hi=None, candidates=0, forwards=0,
+                  tokens=0)
     clock = _Clock(scorer, out.phases)
     prompt = list(prompt)
     ids, known = canon, {}
@@ -166,6 +173,9 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
             break                       # no admissible alternative to the base: it stands
         ll = r.ranked[0][0]
         out.margin_runner_up = ll - r.ranked[1][0] if len(r.ranked) > 1 else None
+        # The winner's share of the mass of every split at the length, from this pass's lattice.
+        out.confidence = min(1.0, math.exp(ll - r.base_total - r.log_mass))
+        out.confidence_hi = min(1.0, math.exp(ll - r.base_total - r.log_mass_scored))
         if r.next_ids is None:
             break
         known = r.carry
@@ -256,7 +266,9 @@ class _Clock:
 @dataclass
 class _Pass:
     base_total: float                                  # the base's log-likelihood (exact)
-    ranked: list[tuple[float, tuple[Window, ...]]]     # the two best at the length, exact, best first
+    log_mass: float                                    # log sum over splits at the length, base = 0
+    log_mass_scored: float                             # the same over scored windows only
+    ranked: list[tuple[float, tuple[Window, ...]]]     # the contenders at the length, exact, best first
     candidates: int
     truncated: bool
     next_ids: list[int] | None = None                  # the winner, where it is not the base
@@ -274,9 +286,9 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     Each window has an UPPER BOUND on its delta from the base pass alone: its first token's
     log-probability minus the base's over the span and the re-join (the rest is <= 0). The search
     is branch and bound over those: the dynamic programme runs on exact deltas where scored and
-    bounds elsewhere; the unscored windows in its best two (the best one, where that is the base)
-    are scored, with the next best bounds, in one tree-masked forward; until the best two are
-    exact. So only windows that could enter the best two are scored: on exact rows, the few whose
+    bounds elsewhere; the unscored windows in its contenders (the best one, where that is the base)
+    are scored, with the next best bounds, in one tree-masked forward; until the contenders are
+    exact. So only windows that could enter the contenders are scored: on exact rows, the few whose
     bound beats the base."""
     base = prompt + canon
     p0 = len(prompt)
@@ -313,9 +325,9 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     candidates = 0
     pending = sorted((k for k in range(len(windows)) if k not in value), key=lambda k: -bound[k])
     while True:
-        best = _best_two(len(canon), windows, [value.get(k, bound[k]) for k in range(len(windows))],
-                         want, params.max_length_delta)
-        need = [k for sol in best[:1 if best and not best[0] else 2] for k in sol if k not in value]
+        best = _contenders(_best(len(canon), windows, [value.get(k, bound[k]) for k in range(len(windows))],
+                                 want, params.max_length_delta, params.beam), params.rescore_margin)
+        need = [k for sol in best for k in sol if k not in value] if best and best[0] else []
         if not need:
             break
         room = params.row_candidates - candidates
@@ -323,8 +335,8 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             truncated = True
             for k in pending:
                 value.setdefault(k, -math.inf)        # not scored: out of the running
-            best = _best_two(len(canon), windows, [value[k] for k in range(len(windows))], want,
-                             params.max_length_delta)
+            best = _contenders(_best(len(canon), windows, [value[k] for k in range(len(windows))], want,
+                                     params.max_length_delta, params.beam), params.rescore_margin)
             break
         taken = set(need[:room])
         batch = list(taken) + [k for k in pending if k not in taken][:max(0, min(room, params.window_batch) - len(taken))]
@@ -340,9 +352,13 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             value[k] = -math.inf if min(got[:len(w.ids)]) == -math.inf else sum(max(v, FLOOR) for v in got) - ref
 
     total = sum(lp)
+    mass = _log_mass(len(canon), windows, [value.get(k, bound[k]) for k in range(len(windows))], want,
+                     params.max_length_delta)
+    mass_scored = _log_mass(len(canon), windows, [value.get(k, -math.inf) for k in range(len(windows))],
+                            want, params.max_length_delta)
     picked = [sol for sol in best if all(value.get(k, bound[k]) > -math.inf for k in sol)]
     sols = [tuple(windows[k] for k in sol) for sol in picked]
-    # Exact log-likelihoods of the two best (from their first edit on, on the cached prefix). The
+    # Exact log-likelihoods of the contenders (from their first edit on, on the cached prefix). The
     # winner's re-score is the next pass's base pass (the scorer reuses the prefix before its
     # first edit), so it is asked for its alternatives too.
     ranked: list[tuple[float, tuple[Window, ...]]] = []
@@ -366,7 +382,7 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             nxt = scorer.score(prompt + ids, p0, alternatives(ids, vocab))
         ranked.append((sum(max(v, FLOOR) for v in nxt.logprobs), sols[0]))
     ranked.sort(key=lambda x: -x[0])
-    out = _Pass(total, ranked, candidates, truncated)
+    out = _Pass(total, mass, mass_scored, ranked, candidates, truncated)
     if ranked and ranked[0][1]:
         win = ranked[0][1]
         out.next_ids = _apply(canon, win)
@@ -436,16 +452,27 @@ def _apply(canon: Sequence[int], edits: Sequence[Window]) -> list[int]:
     return out + list(canon[t:])
 
 
-def _best_two(n: int, windows: Sequence[Window], value: Sequence[float], want: int | None,
-              max_delta: int) -> list[tuple[int, ...]]:
-    """The two best sets of disjoint windows (as indices): total length change == want (None:
-    any), by total value. The empty set (the base) competes where its length is admissible;
-    windows valued -inf are out."""
+def _contenders(best: list[tuple[float, tuple[int, ...]]], margin: float) -> list[tuple[int, ...]]:
+    """The solutions the pass ranks exactly: the best two and every other within `margin` nats of
+    the best, so near-ties are settled by exact re-scoring (the local order of three splits 0.1
+    nat apart is noise: demo row `])|)))` vs `])))|)`). Where the base leads, it stands (every
+    other is below it even at its bound): the base and the runner-up, for the margin."""
+    if best and not best[0][1]:
+        return [sol for _, sol in best[:2]]
+    return [sol for k, (v, sol) in enumerate(best) if k < 2 or v >= best[0][0] - margin]
+
+
+def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int | None,
+          max_delta: int, keep: int = 2) -> list[tuple[float, tuple[int, ...]]]:
+    """The `keep` best sets of disjoint windows (score, indices): total length change == want
+    (None: any), by total value. The empty set (the base) competes where its length is
+    admissible; windows valued -inf are out. Keeping the `keep` best per state is exact for the
+    `keep` best overall (each extends a state's best)."""
     by_start: dict[int, list[int]] = {}
     for k, w in enumerate(windows):
         if value[k] > -math.inf:
             by_start.setdefault(w.start, []).append(k)
-    # states[i]: length change -> up to two (score, window indices) reaching position i.
+    # states[i]: length change -> up to `keep` (score, window indices) reaching position i.
     states: list[dict[int, list[tuple[float, tuple[int, ...]]]]] = [dict() for _ in range(n + 1)]
     states[0][0] = [(0.0, ())]
 
@@ -453,11 +480,11 @@ def _best_two(n: int, windows: Sequence[Window], value: Sequence[float], want: i
         if abs(d) > max_delta:
             return
         cur = states[i].setdefault(d, [])
-        if len(cur) < 2:
+        if len(cur) < keep:
             cur.append(entry)
             cur.sort(key=lambda x: -x[0])
-        elif entry[0] > cur[1][0]:
-            cur[1] = entry
+        elif entry[0] > cur[-1][0]:
+            cur[-1] = entry
             cur.sort(key=lambda x: -x[0])
 
     for i in range(n):
@@ -471,5 +498,38 @@ def _best_two(n: int, windows: Sequence[Window], value: Sequence[float], want: i
         states[i] = {}   # no longer needed
     final = states[n]
     pool = final.get(want, []) if want is not None else [e for es in final.values() for e in es]
-    pool = sorted(pool, key=lambda x: -x[0])[:2]
-    return [edits for _, edits in pool]
+    return sorted(pool, key=lambda x: -x[0])[:keep]
+
+
+def _log_mass(n: int, windows: Sequence[Window], value: Sequence[float], want: int | None,
+              max_delta: int) -> float:
+    """log of the summed likelihood (relative to the base) of every set of disjoint windows whose
+    length change is want (None: any): `_best`'s programme with (logsumexp, +) for (max, +).
+
+    The denominator of a choice's posterior. Windows not scored count at their upper bound, so
+    the mass is over-counted and the posterior it gives errs low; window interactions are
+    ignored (local deltas), as in the search itself."""
+    by_start: dict[int, list[int]] = {}
+    for k, w in enumerate(windows):
+        if value[k] > -math.inf:
+            by_start.setdefault(w.start, []).append(k)
+    states: list[dict[int, float]] = [dict() for _ in range(n + 1)]
+    states[0][0] = 0.0
+
+    def add(i: int, d: int, v: float) -> None:
+        if abs(d) <= max_delta:
+            cur = states[i].get(d)
+            states[i][d] = v if cur is None else max(cur, v) + math.log1p(math.exp(-abs(cur - v)))
+
+    for i in range(n):
+        for d, v in states[i].items():
+            add(i + 1, d, v)
+            for k in by_start.get(i, ()):
+                w = windows[k]
+                add(w.end, d + w.length_change, v + value[k])
+        states[i] = {}
+    final = states[n]
+    if want is not None:
+        return final.get(want, -math.inf)
+    top = max(final.values())
+    return top + math.log(sum(math.exp(v - top) for v in final.values()))
