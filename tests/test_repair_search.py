@@ -9,7 +9,7 @@ import pytest
 
 from draftgate.config import RepairParams
 from draftgate.repair.score import HFScorer, Sampling
-from draftgate.repair.search import Vocab, Window, _best, _contenders, _log_mass, search, spans
+from draftgate.repair.search import Vocab, Window, _best, _contenders, _log_mass, _max_marginals, search, spans
 from test_repair_score import local_model
 
 # The model wrote " trans|pose" where the text re-encodes as " transpose" (twice): canonical shorter.
@@ -33,6 +33,17 @@ SQL = ("Write a SQL statement that adds a non-null column `created_at` with a de
     " creates", " a", " table", " called", " `", "users", "`", " with", " columns", " `", "id", "`", " and", " `",
     "created", "_", "at", "`.", " The", " `", "created", "_", "at", "`", " column", " is", " created", " with", " `",
     "now", "()", "`"])
+
+# "Car|pet" where the text re-encodes as "C|arp|et" (the demo's make repro row): canonical LONGER.
+CARPET = ("Give me a short packing list for a weekend hiking trip.", [
+    "A", "ru", "ba", ":", " ", "2", "5", "\n", "L", "as", " Ram", "bl", "as", ":", " ", "3", "\n", "F", "lo",
+    "ats", ":", " ", "1", "2", "\n", "C", "ows", ":", " ", "1", "2", "\n", "B", "ikes", ":", " ", "1", "\n",
+    "C", "aps", "ules", ":", " ", "1", "2", "\n", "Sh", "oes", ":", " ", "2", " (", "you", " can", " also",
+    " pack", " ", "2", " in", " your", " carry", "-", "on", " luggage", ")", "\n", "Car", "af", "as", ":", " ",
+    "1", "2", "\n", "Z", "ip", "-", "a", "-", "l", "ocks", ":", " ", "1", "2", "\n", "L", "ights", ":", " ",
+    "2", "\n", "Water", "proof", ":", " ", "2", "\n", "B", "atteries", ":", " ", "2", "\n", "B", "ath",
+    "rooms", ":", " ", "1", "2", "\n", "B", "if", "iber", ":", " ", "1", "2", "\n", "Car", "pet", ":", " ",
+    "1", "2"])
 
 SAMPLING = Sampling(0.7)
 
@@ -79,19 +90,24 @@ def test_the_posterior_mass_sums_every_set_of_disjoint_windows_at_the_bills_leng
           Window(4, 6, (9,)), Window(5, 6, (10, 11))]
     vals = [-1.0, 0.5, -2.0, -0.25, -3.0, -math.inf]
     for want in (-2, -1, 0, 1, 2, None):
-        terms = []
+        terms, sols = [], []
         for r in range(len(ws) + 1):
             for sol in itertools.combinations(range(len(ws)), r):
                 spans_ = sorted((ws[k].start, ws[k].end) for k in sol)
                 if all(a[1] <= b[0] for a, b in zip(spans_, spans_[1:])) and (
                         want is None or sum(ws[k].length_change for k in sol) == want):
                     terms.append(sum(vals[k] for k in sol))
+                    sols.append((terms[-1], sol))
         finite = [t for t in terms if t > -math.inf]
         brute = math.log(sum(math.exp(t) for t in finite)) if finite else -math.inf
         assert _log_mass(6, ws, vals, want, 8) == pytest.approx(brute, abs=1e-9)
         # The same lattice's k best (the beam) are the k largest of those sums.
         for keep in (2, 3, 5):
             assert [v for v, _ in _best(6, ws, vals, want, 8, keep)] == pytest.approx(sorted(finite, reverse=True)[:keep])
+        # And each window's max-marginal is the best of the sums of the sets that hold it.
+        for k, got in enumerate(_max_marginals(6, ws, vals, want, 8)):
+            held = [t for t, sol in sols if k in sol and t > -math.inf]
+            assert got == pytest.approx(max(held)) if held else got == -math.inf
 
 
 def test_near_ties_are_settled_by_exact_scores_and_a_leading_base_stands_alone():
@@ -111,6 +127,13 @@ def test_a_row_whose_canonical_encoding_is_shorter_than_what_the_model_sampled_i
     assert out.margin_runner_up > 1.0 and out.forwards <= 12 and out.passes == 2
     # A clear choice is a confident one; over the scored windows alone it can only look surer.
     assert 0.5 < out.confidence <= out.confidence_hi <= 1.0
+
+
+def test_a_row_whose_canonical_encoding_is_longer_than_what_the_model_sampled_is_made_exact(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, CARPET)
+    assert len(canon) == len(truth) + 1
+    out = repaired(lm, vocab, prompt, canon, len(truth))
+    assert out.status == "repaired" and out.ids == truth and out.confidence > 0.9
 
 
 def test_a_same_length_re_split_is_found_although_the_bill_already_agrees(lm, vocab):

@@ -323,6 +323,19 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             value[k] = d
     truncated = False
     candidates = 0
+
+    def score(batch: list[int]) -> None:
+        nonlocal candidates
+        requests = [(p0 + windows[k].start, list(windows[k].ids) + canon[windows[k].end:windows[k].end + la])
+                    for k in batch]
+        with clock("windows"):
+            results = scorer.score_branches(base, requests)
+        candidates += len(batch)
+        for k, got in zip(batch, results):
+            w = windows[k]
+            ref = sum(lp[w.start:min(len(canon), w.end + la)])
+            value[k] = -math.inf if min(got[:len(w.ids)]) == -math.inf else sum(max(v, FLOOR) for v in got) - ref
+
     pending = sorted((k for k in range(len(windows)) if k not in value), key=lambda k: -bound[k])
     while True:
         best = _contenders(_best(len(canon), windows, [value.get(k, bound[k]) for k in range(len(windows))],
@@ -341,15 +354,22 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         taken = set(need[:room])
         batch = list(taken) + [k for k in pending if k not in taken][:max(0, min(room, params.window_batch) - len(taken))]
         pending = [k for k in pending if k not in set(batch)]
-        requests = [(p0 + windows[k].start, list(windows[k].ids) + canon[windows[k].end:windows[k].end + la])
-                    for k in batch]
-        with clock("windows"):
-            results = scorer.score_branches(base, requests)
-        candidates += len(batch)
-        for k, got in zip(batch, results):
-            w = windows[k]
-            ref = sum(lp[w.start:min(len(canon), w.end + la)])
-            value[k] = -math.inf if min(got[:len(w.ids)]) == -math.inf else sum(max(v, FLOOR) for v in got) - ref
+        score(batch)
+    # The decision is made; the rest only sharpens the confidence: unscored windows that could
+    # sit in a split within confidence_nats of the best (by their bounds) are scored, so the mass
+    # counts them at their value, not at a bound that is often nats too high. Scoring can only
+    # lower a value, so the contenders stay as they are.
+    while params.confidence_nats > 0 and not truncated and candidates < params.row_candidates:
+        vals = [value.get(k, bound[k]) for k in range(len(windows))]
+        top = _best(len(canon), windows, vals, want, params.max_length_delta, 1)
+        if not top:
+            break
+        mm = _max_marginals(len(canon), windows, vals, want, params.max_length_delta)
+        todo = sorted((k for k in range(len(windows)) if k not in value and mm[k] >= top[0][0] - params.confidence_nats),
+                      key=lambda k: -mm[k])
+        if not todo:
+            break
+        score(todo[:min(params.row_candidates - candidates, params.window_batch)])
 
     total = sum(lp)
     mass = _log_mass(len(canon), windows, [value.get(k, bound[k]) for k in range(len(windows))], want,
@@ -499,6 +519,49 @@ def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int |
     final = states[n]
     pool = final.get(want, []) if want is not None else [e for es in final.values() for e in es]
     return sorted(pool, key=lambda x: -x[0])[:keep]
+
+
+def _max_marginals(n: int, windows: Sequence[Window], value: Sequence[float], want: int | None,
+                   max_delta: int) -> list[float]:
+    """Per window: the best score of a set of disjoint windows at the length that holds it (-inf:
+    none), by a forward programme (best to each position and length change) and a backward one
+    (best from each position for each change still to make)."""
+    by_start: dict[int, list[int]] = {}
+    for k, w in enumerate(windows):
+        if value[k] > -math.inf:
+            by_start.setdefault(w.start, []).append(k)
+    fwd: list[dict[int, float]] = [dict() for _ in range(n + 1)]
+    fwd[0][0] = 0.0
+    for i in range(n):
+        for d, v in fwd[i].items():
+            if v > fwd[i + 1].get(d, -math.inf):
+                fwd[i + 1][d] = v
+            for k in by_start.get(i, ()):
+                w, e = windows[k], d + windows[k].length_change
+                if abs(e) <= max_delta and v + value[k] > fwd[w.end].get(e, -math.inf):
+                    fwd[w.end][e] = v + value[k]
+    bwd: list[dict[int, float]] = [dict() for _ in range(n + 1)]
+    bwd[n][0] = 0.0
+    for i in range(n - 1, -1, -1):
+        cur = dict(bwd[i + 1])
+        for k in by_start.get(i, ()):
+            w = windows[k]
+            for r, v in bwd[w.end].items():
+                c = r + w.length_change
+                if abs(c) <= 2 * max_delta and v + value[k] > cur.get(c, -math.inf):
+                    cur[c] = v + value[k]
+        bwd[i] = cur
+    out = []
+    for k, w in enumerate(windows):
+        best = -math.inf
+        if value[k] > -math.inf:
+            for d, v in fwd[w.start].items():
+                rest = bwd[w.end]
+                tail = (rest.get(want - d - w.length_change, -math.inf) if want is not None
+                        else max(rest.values(), default=-math.inf))
+                best = max(best, v + value[k] + tail)
+        out.append(best)
+    return out
 
 
 def _log_mass(n: int, windows: Sequence[Window], value: Sequence[float], want: int | None,
