@@ -472,6 +472,15 @@ def _apply(canon: Sequence[int], edits: Sequence[Window]) -> list[int]:
     return out + list(canon[t:])
 
 
+def _by_start(windows: Sequence[Window], value: Sequence[float]) -> dict[int, list[int]]:
+    """The possible windows (value above -inf), by the position they start at."""
+    out: dict[int, list[int]] = {}
+    for k, w in enumerate(windows):
+        if value[k] > -math.inf:
+            out.setdefault(w.start, []).append(k)
+    return out
+
+
 def _contenders(best: list[tuple[float, tuple[int, ...]]], margin: float) -> list[tuple[int, ...]]:
     """The solutions the pass ranks exactly: the best two and every other within `margin` nats of
     the best, so near-ties are settled by exact re-scoring (the local order of three splits 0.1
@@ -488,10 +497,7 @@ def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int |
     (None: any), by total value. The empty set (the base) competes where its length is
     admissible; windows valued -inf are out. Keeping the `keep` best per state is exact for the
     `keep` best overall (each extends a state's best)."""
-    by_start: dict[int, list[int]] = {}
-    for k, w in enumerate(windows):
-        if value[k] > -math.inf:
-            by_start.setdefault(w.start, []).append(k)
+    by_start = _by_start(windows, value)
     # states[i]: length change -> up to `keep` (score, window indices) reaching position i.
     states: list[dict[int, list[tuple[float, tuple[int, ...]]]]] = [dict() for _ in range(n + 1)]
     states[0][0] = [(0.0, ())]
@@ -526,10 +532,7 @@ def _max_marginals(n: int, windows: Sequence[Window], value: Sequence[float], wa
     """Per window: the best score of a set of disjoint windows at the length that holds it (-inf:
     none), by a forward programme (best to each position and length change) and a backward one
     (best from each position for each change still to make)."""
-    by_start: dict[int, list[int]] = {}
-    for k, w in enumerate(windows):
-        if value[k] > -math.inf:
-            by_start.setdefault(w.start, []).append(k)
+    by_start = _by_start(windows, value)
     fwd: list[dict[int, float]] = [dict() for _ in range(n + 1)]
     fwd[0][0] = 0.0
     for i in range(n):
@@ -572,10 +575,7 @@ def _log_mass(n: int, windows: Sequence[Window], value: Sequence[float], want: i
     The denominator of a choice's posterior. Windows not scored count at their upper bound, so
     the mass is over-counted and the posterior it gives errs low; window interactions are
     ignored (local deltas), as in the search itself."""
-    by_start: dict[int, list[int]] = {}
-    for k, w in enumerate(windows):
-        if value[k] > -math.inf:
-            by_start.setdefault(w.start, []).append(k)
+    by_start = _by_start(windows, value)
     states: list[dict[int, float]] = [dict() for _ in range(n + 1)]
     states[0][0] = 0.0
 
