@@ -223,6 +223,16 @@ def test_the_stage_function_repairs_text_rows_and_keeps_the_text_ids_beside_them
     assert a["input_ids"] == prompt + truth and sum(a["loss_mask"]) == len(truth)
     assert b["method"] == "truth" and b["repair_status"] is None      # ids from the backend: not searched
     assert metrics["searched"] == 1 and metrics["repaired"] == 1 and metrics["not_searched"] == 1
+    assert a["quarantine_reason"] is None and 0 < a["repair_confidence"] <= 1
+    assert metrics["expected_made_exact"] == pytest.approx(a["repair_confidence"], abs=1e-3)
+
+    # A user who trains only on splits the target is sure of: above the row's confidence, the row
+    # stays in the table, repaired ids and all, but out of hidden and train.
+    strict = RepairParams(min_confidence=min(1.0, a["repair_confidence"] + 1e-6))
+    out, metrics = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, strict))
+    a = out.to_pylist()[0]
+    assert (a["method"], a["completion_ids"], a["quarantine_reason"]) == ("repaired", truth, "repair_low_confidence")
+    assert metrics["quarantined_low_confidence"] == 1
 
 
 def test_a_long_whitespace_run_stays_within_the_caps(lm, vocab):

@@ -2,7 +2,8 @@
 stage's metrics out (stages/repair.py reads the inputs with `load_request`, calls `run`, writes).
 
 Rows searched: kept rows (quarantine_reason null) whose ids came from the text method. Other
-rows pass through unchanged. A repaired row gets method `repaired`, its new completion ids
+rows pass through unchanged. A repaired row below repair.min_confidence is quarantined
+(`repair_low_confidence`): still in the table, out of hidden and train. A repaired row gets method `repaired`, its new completion ids
 (input_ids, loss_mask, n_completion and billing_delta follow), and the text method's ids in
 `text_ids` (the tokens schema's "text method's ids where they differ from completion_ids"), so
 the tokens gate's mismatch recount and gate_repair read both. Every searched row records its
@@ -121,6 +122,10 @@ def run(request: Request) -> tuple[Any, dict]:
                    repair_forwards=out.forwards, repair_tokens_scored=out.tokens)
         if out.status == "repaired":
             expected += out.confidence or 0.0
+            if out.confidence is not None and out.confidence < p.min_confidence:
+                # Kept in the table, repaired ids and all, for the audit; out of training.
+                row["quarantine_reason"] = "repair_low_confidence"
+                counts["low_confidence"] += 1
             row["text_ids"] = canon
             row["completion_ids"] = out.ids
             row["input_ids"] = prompt + out.ids
@@ -138,6 +143,7 @@ def run(request: Request) -> tuple[Any, dict]:
         "repaired": counts["repaired"], "kept": counts["kept"], "not_searched": counts["not_searched"],
         "kept_by_reason": {k[7:]: v for k, v in sorted(counts.items()) if k.startswith("reason_") and v},
         "no_bill": counts["no_bill"],
+        "quarantined_low_confidence": counts["low_confidence"],
         "ambiguous_share": counts["reason_ambiguous"] / searched if searched else 0.0,
         # Without ground truth: how many of the repaired rows the target's own posterior expects
         # to be the ids it sampled (docs/repair.md "Confidence"; bench/repair.py checks it).
