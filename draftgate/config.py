@@ -602,12 +602,37 @@ class Params:
 
 # ---------------------------------------------------------------- loading
 
+def read_yaml(text: str) -> Any:
+    """YAML as DVC writes it (YAML 1.2, ruamel): only true/false are booleans. PyYAML's 1.1 rules
+    also read on/off/yes/no as booleans, so `dvc exp run -S repair.backend=off`, which DVC writes
+    as a plain `off`, came back False and the strict params refused it."""
+    import yaml
+
+    return yaml.load(text, Loader=_yaml12_loader())
+
+
+def _yaml12_loader() -> Any:
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in rules if tag != "tag:yaml.org,2002:bool"]
+        for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
+    return Loader
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     import yaml
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise ParamsError(f"{path}: not found; run from the repository root or pass --params") from None
     except yaml.YAMLError as e:

@@ -247,3 +247,15 @@ def test_knobs_of_two_sections_that_cannot_both_hold_are_refused_naming_both():
     with pytest.raises(ParamsError, match=r"generate.max_tokens: 8192 leaves no room for a prompt in the target's "
                                           r"context \(prompts.context_tokens 8192\)"):
         parse_params({"generate": {"max_tokens": 8192}, "prompts": {"context_tokens": 8192}})
+
+
+def test_a_param_dvc_exp_run_set_to_off_reads_as_the_string_off(tmp_path):
+    from draftgate.config import read_yaml
+
+    # DVC writes `-S repair.backend=off` as a plain `off` (YAML 1.2); YAML 1.1 would read False.
+    text = (Path(__file__).resolve().parents[1] / "params.yaml").read_text().replace("  backend: hf\n", "  backend: off\n", 1)
+    assert "  backend: off\n" in text
+    (tmp_path / "params.yaml").write_text(text)
+    assert load_params(tmp_path / "params.yaml").repair.backend == "off"
+    # ...and true/false still read as booleans.
+    assert read_yaml("a: true\nb: off\nc: no\nd: False\n") == {"a": True, "b": "off", "c": "no", "d": False}

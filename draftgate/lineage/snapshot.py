@@ -125,10 +125,10 @@ class Snapshot:
     def yaml(self, path: str) -> Any:
         key = ("yaml", path)
         if key not in self._memo:
-            import yaml
+            from draftgate.config import read_yaml
 
             data = self.git_bytes(path)
-            self._memo[key] = yaml.safe_load(data) if data is not None else None
+            self._memo[key] = read_yaml(data) if data is not None else None    # as DVC wrote it
         return self._memo[key]
 
 

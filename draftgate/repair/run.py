@@ -2,12 +2,13 @@
 stage's metrics out (stages/repair.py reads the inputs with `load_request`, calls `run`, writes).
 
 Rows searched: kept rows (quarantine_reason null) whose ids came from the text method. Other
-rows pass through unchanged. A repaired row below repair.min_confidence is quarantined
-(`repair_low_confidence`): still in the table, out of hidden and train. A repaired row gets method `repaired`, its new completion ids
+rows pass through unchanged. A repaired row gets method `repaired`, its new completion ids
 (input_ids, loss_mask, n_completion and billing_delta follow), and the text method's ids in
 `text_ids` (the tokens schema's "text method's ids where they differ from completion_ids"), so
 the tokens gate's mismatch recount and gate_repair read both. Every searched row records its
-outcome in the repair_* columns (`schema()`: the tokens schema plus these).
+outcome in the repair_* columns (`schema()`: the tokens schema plus these). A repaired row whose
+confidence is below repair.min_confidence is quarantined (`repair_low_confidence`): it stays in the
+table, out of hidden and train.
 """
 
 from __future__ import annotations
