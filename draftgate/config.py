@@ -53,6 +53,7 @@ def _num(x: float) -> str:
 # The ranges the sections below use.
 Count = Annotated[int, Range(ge=0)]
 Positive = Annotated[int, Range(ge=1)]
+Threads = Annotated[int, Range(ge=1, le=4096)]     # torch CPU threads (device.torch_threads)
 # 32 bits: every consumer takes it (numpy, torch generators, an API's seed field; the random
 # proposer multiplies it by ~10^6 inside torch's 64-bit seed).
 Seed = Annotated[int, Range(ge=0, le=2**32 - 1)]
@@ -247,6 +248,8 @@ class RepairParams:
     model: str | None = None                  # the served name (vllm); null = the server's only one
     top_logprobs: Annotated[int, Range(ge=1, le=20)] = 20    # HTTP backends: raw top-k per position
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # torch's CPU threads (hf): the margins' last bits depend on the count (device.torch_threads).
+    threads: Threads | None = 2
     # Sampling the rows were drawn with: null takes generate's (temperature, top_p); top_k 0 = off.
     temperature: Annotated[float, Range(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Range(gt=0.0, le=1.0)] | None = None
@@ -478,6 +481,9 @@ class HiddenParams:
     shard_max_mb: Annotated[float, Range(gt=0.0, le=65_536.0)] = 64.0
     # Embedded target: the responses' request hashes must name these weights (generate's identity).
     check_served: bool = True
+    # torch's CPU threads: the shards' bytes depend on the count (draftgate.device.torch_threads);
+    # null: torch's default (machine-dependent bytes).
+    threads: Threads | None = 2
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -528,7 +534,7 @@ class DrafterParams:
     # split reductions by thread), so it is fixed here, not left to the core count. 2: the count
     # the committed run had (this 2-core machine's default); raise it for speed, knowing the
     # drafter's bytes (not its quality) change. null: torch's default (machine-dependent).
-    threads: Positive | None = 2
+    threads: Threads | None = 2
 
 
 NgramSize = Annotated[int, Range(ge=1, le=256)]
@@ -552,6 +558,7 @@ class EvalParams:
     bootstrap_samples: Annotated[int, Range(ge=100, le=1_000_000)] = 1000
     seed: Seed = 0                                      # bootstrap and the random proposer
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: Threads | None = 2      # torch's CPU threads: a near-tie's argmax may depend on it
 
     def problems(self) -> list[tuple[str, str]]:
         out = []

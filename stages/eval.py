@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate.config import ParamsError, as_dict, load_params
+    from draftgate.device import torch_threads
     from draftgate.evaluate.measure import evaluate
     from draftgate.evaluate.run import EvalError
 
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                 require_passed(args.gate, "gate_drafter", "fix the drafter (train stage) before evaluating it")
             except GateNotPassed as e:
                 raise EvalError(str(e)) from None
-        outputs, report = evaluate(params, args.tokens, args.contract, args.drafter)
+        with torch_threads(ep.threads):
+            outputs, report = evaluate(params, args.tokens, args.contract, args.drafter)
     except (ParamsError, EvalError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 1

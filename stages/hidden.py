@@ -32,14 +32,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate.config import ParamsError, load_params
+    from draftgate.device import torch_threads
     from draftgate.gates.result import GateNotPassed, require_passed
     from draftgate.hidden.run import HiddenError, HiddenRequest, run
 
     try:
         params = load_params(args.params)
         require_passed(args.gate, "gate_repair", "fix the repaired tokens before extracting hidden states")
-        metrics = run(params, HiddenRequest(tokens=args.tokens, out=args.out, responses=args.responses,
-                                            prompts=args.prompts))
+        with torch_threads(params.hidden.threads):           # the shards' bytes depend on it
+            metrics = run(params, HiddenRequest(tokens=args.tokens, out=args.out, responses=args.responses,
+                                                prompts=args.prompts))
     except (ParamsError, GateNotPassed, HiddenError) as e:
         print(f"hidden: {e}", file=sys.stderr)
         return 1

@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate.config import ParamsError, as_dict, load_params
+    from draftgate.device import torch_threads
     from draftgate.gates.result import GateNotPassed, require_passed
     from draftgate.io import write_parquet
     from draftgate.metrics import StageMetrics
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         require_passed(args.gate, "gate_tokens", "fix the tokens before repairing them")
         started = time.perf_counter()
         request = load_request(params, args.tokens, args.vocab, args.responses)
-        table, figures = run(dataclasses.replace(request, progress=_progress(started)))
+        with torch_threads(params.repair.threads if params.repair.backend == "hf" else None):
+            table, figures = run(dataclasses.replace(request, progress=_progress(started)))
     except (ParamsError, GateNotPassed, RepairError) as e:
         print(f"repair: {e}", file=sys.stderr)
         return 1

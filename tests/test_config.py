@@ -196,10 +196,10 @@ def test_the_upper_bounds_themselves_are_accepted():
 # Numbers left without an upper bound, and why: a cap above the data is no cap (max_prompts,
 # limit), a threshold on a count of rows may be as large as the rows (max_semantic,
 # max_tie_divergences); min_compared's ceiling is the probe set's size (templates/probes.py, which
-# params must not import: the template gate fails a value above it); threads: torch's own check.
+# params must not import: the template gate fails a value above it).
 UNBOUNDED = {"prompts.max_prompts", "generate.limit", "eval.max_prompts",
              "gates.tokens.max_semantic", "gates.eval.max_tie_divergences",
-             "gates.template.min_compared", "drafter.threads"}
+             "gates.template.min_compared"}
 
 
 def test_every_number_in_params_has_an_upper_bound_or_a_reason_not_to():

@@ -110,7 +110,7 @@ def test_a_second_run_writes_the_same_bytes_and_records_its_threads(ws, trained,
 def test_torch_runs_on_the_given_threads_inside_and_on_its_own_after():
     import torch
 
-    from draftgate.drafter.train import torch_threads
+    from draftgate.device import torch_threads
 
     before = torch.get_num_threads()
     with torch_threads(3):

@@ -18,18 +18,18 @@ Data parallel: under torchrun each rank takes every world-th batch and gradients
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from draftgate.config import DrafterParams, as_dict
+from draftgate.device import torch_threads
 from draftgate.drafter.vocab import VocabMap, require_same
 
 CHECKPOINT = "state.pt"
@@ -87,31 +87,6 @@ class Teacher:
 
 def step_weights(cfg: DrafterParams) -> list[float]:
     return [cfg.ttt_decay ** i for i in range(cfg.ttt_steps)]
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to `n` (drafter.threads) inside, restored after.
-
-    CPU kernels split their reductions by thread, so the bytes of a run depend on the count: the
-    demo's 92 steps ended at loss 19.903 with 2 threads and 19.921 with 1 (eval acceptance 1.218 vs
-    1.209), while runs at equal threads, resumed or not, are bit-identical. torch's default is the
-    core count, so a machine with other cores would quietly train another drafter: the count is a
-    param (fixed, not "auto"), recorded with the others in metrics/train.details.json and each
-    export's draftgate.json, and a change reruns the stage under DVC. The default 2 is what the
-    committed run used (this 2-core machine's default). None leaves torch's setting alone (a
-    caller that sets its own, as bench/train.py does)."""
-    import torch
-
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @dataclass

@@ -68,7 +68,8 @@ def run(params: Any, request: HiddenRequest) -> Any:
         raise HiddenError(str(e)) from None
     key = {"tokens_sha256": rows.sha256, "weights_fingerprint": target.weights_fingerprint,
            "config_sha256": target.config_sha256, "layers": list(layers), "dtype": hp.dtype,
-           "compute_dtype": hp.compute_dtype, "shard_max_mb": hp.shard_max_mb, "batch_tokens": hp.batch_tokens}
+           "compute_dtype": hp.compute_dtype, "shard_max_mb": hp.shard_max_mb, "batch_tokens": hp.batch_tokens,
+           "threads": hp.threads}      # the bytes depend on it (device.torch_threads)
     fields = {"mode": hp.mode, "tokens_sha256": rows.sha256, "model": target.identity,
               "tokenizer_fingerprint": target.tokenizer_fingerprint, "dtype": hp.dtype,
               "layers": layer_names(layers, target.num_layers), "final_state": "before_norm",
