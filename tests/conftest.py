@@ -12,6 +12,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch thread per xdist worker (make test runs two on two cores), in every test and every
+# process a test starts: a forward's last bits depend on the count, so a test's numbers must not
+# depend on which test ran before it in the worker. Stages with a threads param set their own.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
 

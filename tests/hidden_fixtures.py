@@ -40,10 +40,10 @@ def quarantined(row: dict, reason: str = "billing_mismatch") -> dict:
 
 
 def write_params(path: Path, **hidden) -> Path:
-    """params.yaml with the defaults, but `hidden` overridden (small shards, CPU)."""
+    """params.yaml with the defaults, but `hidden` overridden (small shards, CPU, 1 thread)."""
     import yaml
 
-    data = {"hidden": {"device": "cpu", **hidden}}
+    data = {"hidden": {"device": "cpu", "threads": 1, **hidden}}    # 1: the suite's (conftest.py)
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
 

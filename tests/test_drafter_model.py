@@ -60,7 +60,9 @@ def test_restricting_the_query_positions_changes_no_state(drafter):
     part = drafter.ttt(aux, ids, 3, query_pos=qpos)
     for i in range(3):
         for b in range(2):
-            assert torch.allclose(part[i][b], full[i][b, qpos[b]], atol=1e-5)
+            # Fewer query rows change the matmuls' blocking (last-bit differences, 1e-5 on this
+            # CPU at 1 thread); a wrong state or position would move the logits by whole units.
+            assert torch.allclose(part[i][b], full[i][b, qpos[b]], rtol=1e-4, atol=1e-4)
 
 
 def test_propose_drafts_k_ids_of_the_draft_vocabulary(drafter):

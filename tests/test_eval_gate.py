@@ -31,15 +31,12 @@ def write_params(path: Path, floor: float = 1.0, mode_floor: float | None = 1.0,
 
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory, smollm2_tok):
-    import torch
-
     from draftgate.config import HiddenParams
     from draftgate.drafter.export import export_sglang
     from draftgate.hidden.target import load_target
     from draftgate.serve.model import resolve_end_ids
     from stages.eval import main
 
-    torch.set_num_threads(1)
     work = tmp_path_factory.mktemp("eval")
     target = load_target(HiddenParams(device="cpu"))
     export_sglang(random_drafter(target), work / "drafter", info={"target": target.identity})

@@ -16,12 +16,9 @@ NEW = 20
 
 @pytest.fixture(scope="module")
 def target():
-    import torch
-
     from draftgate.config import HiddenParams
     from draftgate.hidden.target import load_target
 
-    torch.set_num_threads(1)
     return load_target(HiddenParams(device="cpu"))
 
 

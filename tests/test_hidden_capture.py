@@ -75,8 +75,10 @@ def test_right_padded_rows_equal_each_row_alone(target, rows):
     for r, (aux, final) in zip(rows, together):
         alone_aux, alone_final = capture(target, r[None], torch.ones_like(r)[None], (1, 14, 26))
         assert aux.shape[0] == r.numel()
-        torch.testing.assert_close(aux, alone_aux[0], rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(final, alone_final[0], rtol=1e-4, atol=1e-4)
+        # Batch shapes change the matmuls' blocking: last-bit differences that grow over 30 layers
+        # to ~1e-4 on states of magnitude ~40. Wrong positions or leaked padding move them by units.
+        torch.testing.assert_close(aux, alone_aux[0], rtol=1e-4, atol=5e-4)
+        torch.testing.assert_close(final, alone_final[0], rtol=1e-4, atol=5e-4)
 
 
 def test_batches_sorted_by_length_stay_within_the_token_budget():

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from draftgate.config import HiddenParams
-from draftgate.device import torch_threads
 from draftgate.hidden.reader import OfflineFeatures
 from draftgate.io import file_sha256
 from hidden_fixtures import metrics_of, quarantined, stage_args, token_rows, write_gate, write_params, write_tokens
@@ -86,7 +85,7 @@ def test_shards_round_trip_equals_a_direct_forward_pass(work, clean, target, smo
         ids = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(rows.input_ids[i]) for i in batch], batch_first=True)
         mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(rows.input_ids[i]), dtype=torch.long) for i in batch],
                                                batch_first=True)
-        with torch.inference_mode(), torch_threads(HiddenParams().threads):    # the stage's threads: bit-equal
+        with torch.inference_mode():
             hs = target.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
         for k, i in enumerate(batch):
             s = features[i]
@@ -134,22 +133,20 @@ def test_a_fresh_run_writes_the_same_bytes_and_names_the_target_without_a_local_
 def test_the_shards_bytes_follow_hidden_threads_not_the_machines_thread_count(work, clean):
     """torch's default is the core count (or OMP_NUM_THREADS), and a forward's last bits depend on
     it: left to the default, another machine writes other shards and DVC reruns all downstream."""
+    def shards(params: Path, machine_threads: int) -> list:
+        torch.set_num_threads(machine_threads)      # 1: a 1-core machine, or OMP_NUM_THREADS=1
+        out = work / f"{params.stem}{machine_threads}"
+        assert stage.main(stage_args(work, out, params)) == 0
+        assert torch.get_num_threads() == machine_threads          # the stage restores it
+        return sorted((p.name, p.read_bytes()) for p in out.iterdir())
+
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)              # a 1-core machine, or a shell with OMP_NUM_THREADS=1
-        out = work / "one_core"
-        assert stage.main(stage_args(work, out, work / "clean.yaml")) == 0       # hidden.threads: 2
-        assert torch.get_num_threads() == 1                                      # and restored
-        changed = [p.name for p in clean.iterdir() if p.read_bytes() != (out / p.name).read_bytes()]
-        assert changed == []
+        fixed = write_params(work / "fixed.yaml", **CLEAN, threads=2)
+        assert shards(fixed, 1) == shards(fixed, 2)
         # The param is what holds them: with it null, 1 and 2 threads give other bytes.
         free = write_params(work / "free.yaml", **CLEAN, threads=None)
-        shards = {}
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            assert stage.main(stage_args(work, work / f"free{n}", free)) == 0
-            shards[n] = sorted((p.name, p.read_bytes()) for p in (work / f"free{n}").glob("*.safetensors"))
-        assert shards[1] != shards[2]
+        assert shards(free, 1) != shards(free, 2)
     finally:
         torch.set_num_threads(before)
 

@@ -21,11 +21,8 @@ TEXT = "Write a Python function that checks whether a string is a palindrome."
 @functools.cache
 def local_model():
     """The embedded SmolLM2 target, once per session (test_repair_search imports it too)."""
-    import torch
-
     from draftgate.serve.model import load
 
-    torch.set_num_threads(1)
     return load("cpu")
 
 
