@@ -130,7 +130,7 @@ def test_a_fresh_run_writes_the_same_bytes_and_names_the_target_without_a_local_
     assert json.loads(text)["model"]["path"] == "embedded:smollm2-135m-instruct"
 
 
-def test_the_shards_bytes_follow_hidden_threads_not_the_machines_thread_count(work, clean):
+def test_the_shards_bytes_follow_hidden_threads_not_the_machines_thread_count(work):
     """torch's default is the core count (or OMP_NUM_THREADS), and a forward's last bits depend on
     it: left to the default, another machine writes other shards and DVC reruns all downstream."""
     def shards(params: Path, machine_threads: int) -> list:
