@@ -7,7 +7,8 @@ The files follow the project's conventions, so the lineage code reads them as it
 ones: a metric `X.json` with `X.details.json` beside it, a gate's metric written by
 draftgate/gates/result.py's `metric()` from a result holding `suite_sha256`, a contract with the
 tokenizer and template fingerprints, generation spend in the details, a drafter folder with a
-manifest.json holding the weights fingerprint, and `plots/mismatch.csv`. The gate recomputes the
+manifest.json holding the weights fingerprint and an export folder inside it (data/drafter/sglang),
+and `plots/mismatch.csv`. The gate recomputes the
 mismatch rate from the tokens rows (it does not read reconstruct's metric) and exits 1 over its
 limit, so `dvc repro` stops there, as a real gate does.
 """
@@ -162,6 +163,8 @@ def train():
     Path("data/drafter").mkdir(parents=True, exist_ok=True)
     Path("data/drafter/model.txt").write_text(weights + "\n")
     dump("data/drafter/manifest.json", {"format": "tiny/1", "weights_fingerprint": weights})
+    dump("data/drafter/sglang/config.json", {"architectures": ["LlamaForCausalLMEagle3"], "seed": seed})
+    Path("data/drafter/sglang/model.txt").write_text(weights + "\n")     # an export: a folder inside the out
     mismatch = sum(json.loads(l)["match"] != "exact" for l in tokens.splitlines()) / len(tokens.splitlines())
     dump("metrics/eval.json", {"acceptance_length": round(2.5 + seed / 100 - mismatch, 6)})
     Path("plots/loss.csv").write_text("step,loss\n" + "".join("%d,%s\n" % (s, round(3.0 / (s + 1) + seed / 100, 4)) for s in range(5)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import yaml
 
 from dvc_repo import Repo, env, history_copy
 from draftgate.lineage import lineage as lineage_mod
+from draftgate.lineage.facts import identity
 from draftgate.lineage.lineage import lineage, render
 from draftgate.lineage.pipeline import Pipeline
 
@@ -63,6 +65,30 @@ def test_identity_spend_commit_and_gate_verdicts_come_from_the_stage_files(repo)
     assert (gate["gate"], gate["success"], gate["checks"], gate["failed"], gate["suite_sha256"]) == \
         ("gate_tokens", True, 2, 0, suite_sha)
     assert gate["figures"]["dataset_mismatch_rate.max"] == 0.25
+
+
+def test_the_template_fingerprint_is_the_chat_templates_never_a_gate_suites():
+    # The real pipeline walks gate_template (whose record holds its suite's sha256) before the
+    # contract: a pick by file name took the suite's hash for the chat template's.
+    chat_template, suite = "872be49d" + "0" * 56, "db32f329" + "0" * 56
+    fps = {"data/gates/template.details.json#suite_sha256": suite,
+           "data/gates/tokens.details.json#suite_sha256": "ab" * 32,
+           "data/contract/contract.json#template_contract.official.hooks_sha256": "cd" * 32,
+           "data/contract/contract.json#template_contract.official.sha256": chat_template,
+           "data/contract/contract.json#tokenizer.fingerprint": "ef" * 32}
+    assert identity(fps) == {"tokenizer": "ef" * 32, "template": chat_template}
+
+
+def test_an_export_folder_inside_the_drafter_has_the_hash_dvc_gives_that_folder(repo, tmp_path):
+    result = lineage("data/drafter/sglang", repo.root)
+    assert result["stage"] == "train" and result["out"] == "data/drafter"
+    # The oracle: DVC itself hashing a copy of the folder.
+    scratch = tmp_path / "scratch"
+    shutil.copytree(repo.root / "data" / "drafter" / "sglang", scratch / "sglang")
+    subprocess.run(["dvc", "init", "-q", "--no-scm"], cwd=scratch, env=env(), check=True)
+    subprocess.run(["dvc", "add", "-q", "sglang"], cwd=scratch, env=env(), check=True)
+    assert result["md5"] == yaml.safe_load((scratch / "sglang.dvc").read_text())["outs"][0]["md5"]
+    assert f"md5 {result['md5'][:8]}.dir (in data/drafter" in render(result)
 
 
 def test_the_text_tree_names_each_stage_its_inputs_and_the_gate_verdict(repo):

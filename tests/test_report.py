@@ -129,6 +129,25 @@ def test_the_report_stage_if_present_comes_after_every_gate_and_plot():
     assert not plots - deps, f"the report stage should list every plot among its deps: add {sorted(plots - deps)}"
 
 
+def test_the_page_traces_the_drafter_not_only_the_final_eval():
+    # eval reads the drafter, so the drafter is no final artifact: the report stage names it.
+    import yaml
+
+    from draftgate.lineage.pipeline import Pipeline
+
+    real = Pipeline(yaml.safe_load((Path(__file__).resolve().parents[1] / "dvc.yaml").read_text()), None)
+    traced = report.traced_artifacts(real)
+    assert "data/drafter" in traced and "data/eval" in traced
+    assert all(not p.startswith("data/gates/") for p in traced)
+
+
+def test_without_a_report_stage_the_page_traces_the_final_artifacts_open(page):
+    repo, index = page
+    html = index.read_text(encoding="utf-8")
+    assert '<details open id="lineage-data-drafter"><summary>data/drafter</summary>' in html
+    assert "md5 " in html and "written by stage train" in html
+
+
 def test_json_plots_are_read_as_dvc_reads_them(tmp_path):
     curve = tmp_path / "loss.json"
     curve.write_text('[{"step": 0, "loss": 3.0}, {"step": 1, "loss": 2.0}]')

@@ -149,15 +149,20 @@ def generation(snap: Snapshot, pipe: Pipeline, st: Stage) -> dict | None:
 
 
 def identity(fps: dict[str, str]) -> dict[str, str]:
-    """The three fingerprints users ask for, picked from a revision's fingerprints by what they name."""
-    picks = {"tokenizer": None, "template": None, "weights": None}
+    """The three fingerprints users ask for, picked from a revision's fingerprints by the key that
+    holds them inside the file, never by the file's name: data/gates/template.details.json's
+    `suite_sha256` is the template gate's suite, not the chat template (the contract's
+    `template_contract.official.sha256` is)."""
+    picks: dict[str, str | None] = {"tokenizer": None, "template": None, "weights": None}
     for key, value in fps.items():
-        k = key.lower()
+        k = key.rsplit("#", 1)[-1].lower()
+        if k.rsplit(".", 1)[-1] == "suite_sha256" or "hooks" in k:
+            continue
         if picks["weights"] is None and "weights" in k:
             picks["weights"] = value
         elif picks["tokenizer"] is None and "tokenizer" in k and "fingerprint" in k:
             picks["tokenizer"] = value
-        elif picks["template"] is None and "template" in k and "sha256" in k and "hooks" not in k:
+        elif picks["template"] is None and "template" in k and k.endswith("sha256"):
             picks["template"] = value
     return {k: v for k, v in picks.items() if v}
 

@@ -42,12 +42,32 @@ def _md5_file(path: Path) -> str | None:
     return h.hexdigest()
 
 
-def artifact_md5(root: Path, out: Artifact, inner: str | None) -> str | None:
-    """The artifact's own md5: the out's, or the file's entry in its folder's .dir listing."""
+def artifact_md5(root: Path, pipe: Pipeline, path: str, out: Artifact, inner: str | None) -> str | None:
+    """The artifact's own md5: the out's; a file's entry in its folder's .dir listing; a folder
+    inside a folder out (data/drafter/sglang) as DVC hashes a folder, which is what a stage reading
+    it records (eval's dep on data/drafter/sglang)."""
     if inner is None or not out.md5:
         return out.md5
-    entry = next((e for e in dir_listing(root, out.md5) or [] if e.get("relpath") == inner), None)
-    return entry.get("md5") if entry else None
+    recorded = next((d.md5 for st in pipe.stages.values() for d in st.deps if d.path.rstrip("/") == path and d.md5),
+                     None)
+    listing = dir_listing(root, out.md5)
+    if listing is None:         # the cache does not hold the folder's listing: only a reader's record is left
+        return recorded
+    entry = next((e for e in listing if e.get("relpath") == inner), None)
+    if entry:
+        return entry.get("md5")
+    return folder_md5(listing, inner) or recorded
+
+
+def folder_md5(listing: list[dict], inner: str) -> str | None:
+    """DVC's hash of the folder `inner` of a cached folder: the md5 of its own sorted
+    [{md5, relpath}] listing as compact-sorted JSON, plus `.dir` (dvc_data's Tree.digest)."""
+    prefix = inner.rstrip("/") + "/"
+    entries = sorted(({"md5": e["md5"], "relpath": e["relpath"][len(prefix):]} for e in listing
+                      if e.get("relpath", "").startswith(prefix) and e.get("md5")), key=lambda e: e["relpath"])
+    if not entries:
+        return None
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
 
 
 def revision_info(snap: Snapshot) -> dict:
@@ -97,7 +117,7 @@ def lineage(path: str, root: str | Path | None = None, rev: str = WORKSPACE) -> 
     fps: dict[str, str] = {}
     for r in records:
         fps.update(r["fingerprints"])
-    md5 = artifact_md5(root, out, inner)
+    md5 = artifact_md5(root, pipe, rel, out, inner)
     result: dict[str, Any] = {
         "artifact": rel, "md5": md5, "out": out.path if inner else None, "out_md5": out.md5 if inner else None,
         "stage": st.name, "revision": revision_info(snap), "identity": facts.identity(fps),

@@ -8,7 +8,8 @@ It rebuilds the Data Docs site (reports/data_docs/) from the gates' records, dat
 each gate's page beside its verdict and the time of its record, shows every plot dvc.yaml
 declares as inline SVG, drawn by Vega (vl-convert, offline) from the same definition `dvc plots
 show` reads (which loads Vega from a CDN, blank for an offline reader), the audit summary over
-every commit and experiment, and the lineage of each final artifact. No script, no remote URL:
+every commit and experiment, and the lineage of the artifacts the report stage reads (the
+drafter and its evaluation), else of each final artifact. No script, no remote URL:
 every link is a relative path to a file in the repository.
 """
 
@@ -253,15 +254,32 @@ def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | 
     gate_cols = [c for c in (rows[0] if rows else {}) if c.startswith("gate_") and not c.endswith("_suite")]
     parts.append(_table(rows, cols + gate_cols) if rows else "<p class=muted>No revision has a dvc.lock yet.</p>")
 
-    parts.append("<h2>Lineage of the final artifacts</h2>")
-    for path in final_artifacts(pipe):
+    parts.append("<h2>Lineage</h2>")
+    for path in traced_artifacts(pipe):
         try:
             text = lineage.render(lineage.lineage(path, root))
         except RevisionError as e:
             text = str(e)
-        parts.append(f"<details><summary>{html.escape(path)}</summary><pre>{html.escape(text)}</pre></details>")
+        parts.append(f'<details open id="lineage-{_anchor(path)}"><summary>{html.escape(path)}</summary>'
+                     f"<pre>{html.escape(text)}</pre></details>")
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+def _anchor(path: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", path).strip("-")
+
+
+def traced_artifacts(pipe: Pipeline) -> list[str]:
+    """Whose lineage the page shows: the artifacts the report stage of dvc.yaml reads (data/drafter,
+    the model a user ships, and data/eval, what it was measured to do), else the final artifacts.
+    Listing them as the stage's deps also reruns the page when one of them changes."""
+    stage = next((st for st in pipe.stages.values() if REPORT_CMD.search(st.cmd)), None)
+    producing = [st for st in pipe.stages.values() if not st.is_gate and st is not stage]
+    read = [d.path.rstrip("/") for d in (stage.deps if stage else [])
+            if any(o.path.rstrip("/") == d.path.rstrip("/") or d.path.startswith(o.path.rstrip("/") + "/")
+                   for st in producing for o in st.data_outs)]
+    return read or final_artifacts(pipe)
 
 
 def final_artifacts(pipe: Pipeline) -> list[str]:
