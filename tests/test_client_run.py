@@ -30,7 +30,8 @@ def prompts(n: int, tools=None) -> list[Prompt]:
 
 
 def gen(**kw):
-    base = {"backend": "openai", "model": "scripted-model", "concurrency": 16, "timeout_s": 0.5,
+    # A deadline no loopback answer misses even on a loaded machine (load 5 on 2 cores: > 0.5 s seen).
+    base = {"backend": "openai", "model": "scripted-model", "concurrency": 16, "timeout_s": 5.0,
             "retry_base_s": 0.005, "retry_max_s": 0.02, "retry_after_cap_s": 5.0}
     return parse_params({"generate": {**base, **kw}}).generate
 
@@ -42,14 +43,24 @@ def rows(table) -> dict[str, dict]:
 def test_fault_drill_every_prompt_ends_with_one_ok_row_or_one_final_failure(tmp_path):
     ps = prompts(1200)
     final = {"p0003": ("http_400",), "p0007": ("http_503", "http_403")}
-    script = Script(fault_rate=0.3, faults=RETRYABLE_FAULTS, seed=7, per_key=final, hang_s=2.0,
+    # The "timeout" fault stays silent until the client gives up. Every other answer must reach the
+    # client inside its deadline for the counts below to be the script's: on a loaded 2-core machine
+    # (load 5) loopback answers took over 0.5 s, and the client rightly journaled those as timeouts.
+    script = Script(fault_rate=0.3, faults=RETRYABLE_FAULTS, seed=7, per_key=final, hang_s=60.0,
                     retry_after_s=0.01)
     journal = tmp_path / "journal.jsonl"
     with running(script) as server:
         result = run(ps, gen(concurrency=200, max_attempts=6), Target(server.base_url), journal, progress=False)
-        actions = server.actions()
-        assert result.attempts == len(server.log)
+        actions, log = server.actions(), list(server.log)
+        assert result.attempts == len(log)
     records = read_journal(journal).records
+    # Attempt by attempt, each prompt's journaled causes are the server's own log of what it sent.
+    sent = {}
+    for a in sorted(log, key=lambda a: (a.key, a.attempt)):
+        sent.setdefault("id" + a.key.removeprefix("p"), []).append(CAUSE_OF.get(a.action, a.action))
+    for r in records:
+        causes = [f["cause"] for f in r["failed_attempts"]]
+        assert sent[r["prompt_id"]] == causes + (["ok"] if r["status"] == "ok" else []), r["prompt_id"]
     assert Counter(r["prompt_id"] for r in records) == Counter(p.prompt_id for p in ps)   # one line each
     table = responses_table(ps, result.hashes, records, result.stop_reason)
     assert table.num_rows == 1200 and len(set(table.column("prompt_id").to_pylist())) == 1200
@@ -291,9 +302,9 @@ def test_the_budget_bounds_the_whole_journal_across_reruns_not_each_run(tmp_path
 def test_a_timed_out_or_dropped_answer_counts_as_wasted_at_its_worst_case(tmp_path):
     ps, journal = prompts(4), tmp_path / "j.jsonl"
     script = Script(per_key={"p0000": ("timeout",), "p0001": ("reset",), "p0002": ("malformed_json",)},
-                    cost_usd=0.0005, hang_s=2.0, retry_after_s=0.01)
+                    cost_usd=0.0005, hang_s=60.0, retry_after_s=0.01)
     with running(script) as server:
-        result = run(ps, gen(timeout_s=0.3, budget_usd=1.0, **PRICED), Target(server.base_url), journal,
+        result = run(ps, gen(timeout_s=2.0, budget_usd=1.0, **PRICED), Target(server.base_url), journal,
                      progress=False)
     assert result.ok == 4
     for pid, cause in (("id0000", "timeout"), ("id0001", "connection"), ("id0002", "malformed_json")):
