@@ -87,6 +87,7 @@ class TemplateProbe:
     first_diff: int | None               # character offset of the first difference, when any
     diff_context: str | None             # the official and code text around it
     detail: str | None                   # why a side did not render
+    features: tuple[str, ...] = ()       # its shape features (templates/shapes.py)
 
     @property
     def ok(self) -> bool:
@@ -97,7 +98,34 @@ class TemplateProbe:
         return self.status != "compared" or self.official_text == self.code_text
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
+        return {**asdict(self), "features": list(self.features), "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class FeatureCoverage:
+    """One shape feature in one serving mode, counted over the probes (templates/shapes.py says
+    how): held by `held` conversations, `rendered` of them by the code template, `compared` of
+    those by the official template too."""
+    feature: str
+    family: str
+    thinking: bool
+    held: int
+    rendered: int
+    compared: int
+
+    @property
+    def status(self) -> str:
+        # never_held: the corpus lacks the shape. refused: the code template renders no
+        # conversation holding it, so the prompts stage rejects it too (template_unsupported).
+        # uncovered: the prompts stage admits it, the official template never rendered it.
+        if not self.held:
+            return "never_held"
+        if not self.rendered:
+            return "refused"
+        return "compared" if self.compared else "uncovered"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "status": self.status}
 
 
 @dataclass(frozen=True)
@@ -111,12 +139,49 @@ class TemplateContract:
         return sum(p.status == "compared" for p in self.probes)
 
     @property
+    def coverage(self) -> tuple[FeatureCoverage, ...]:
+        return shape_coverage(self.probes)
+
+    def gaps(self) -> list[FeatureCoverage]:
+        """Features the probes never held, and admitted ones never compared (with no official
+        template nothing is compared: gates.template.min_compared decides that case)."""
+        bad = {"never_held"} | ({"uncovered"} if self.official is not None else set())
+        return [c for c in self.coverage if c.status in bad]
+
+    @property
     def ok(self) -> bool:
-        return all(p.ok for p in self.probes)
+        return all(p.ok for p in self.probes) and not self.gaps()
 
     def to_dict(self) -> dict[str, Any]:
+        cov = self.coverage
         return {"template": self.template, "official": self.official, "compared": self.compared,
-                "differ": sum(not p.ok for p in self.probes), "ok": self.ok}
+                "differ": sum(not p.ok for p in self.probes),
+                "features": {s: sum(c.status == s for c in cov) for s in ("compared", "refused", "uncovered",
+                                                                          "never_held")},
+                "ok": self.ok}
+
+    def document(self) -> dict[str, Any]:
+        """What gate_template reads (contract.json): the probes with their renders and features, the
+        shape catalogue it counts them against, and the contract's own count (the gate recounts)."""
+        from draftgate.templates.shapes import FEATURES
+
+        return {"template_probes": [p.to_dict() for p in self.probes],
+                "template_shape_features": [{"feature": f, "family": g} for f, g in FEATURES],
+                "template_coverage": [c.to_dict() for c in self.coverage]}
+
+
+def shape_coverage(probes: Sequence[TemplateProbe]) -> tuple[FeatureCoverage, ...]:
+    from draftgate.templates.shapes import FEATURES, MODES
+
+    out = []
+    for thinking in MODES:
+        mode = [p for p in probes if p.thinking == thinking]
+        for feature, family in FEATURES:
+            held = [p for p in mode if feature in p.features]
+            rendered = [p for p in held if p.code_text is not None]
+            out.append(FeatureCoverage(feature, family, thinking, len(held), len(rendered),
+                                       sum(p.official_text is not None for p in rendered)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -148,7 +213,7 @@ class ContractResult:
                 "checks": [c.to_dict() for c in self.checks],
                 "boundary_probe": [p.to_dict() for p in self.boundary_probe], "ok": self.ok,
                 "template_contract": tc.to_dict() if tc else None,
-                "template_probes": [p.to_dict() for p in tc.probes] if tc else []}
+                **(tc.document() if tc else {"template_probes": []})}
 
 
 def check_contract(tok: Any, special_names: Iterable[str], expected_ids: Mapping[str, int],
@@ -166,6 +231,7 @@ def check_template(template: Any, official: Any, probes: Sequence[Any]) -> Templ
     """Render every probe with the official template and with the template as code."""
     from draftgate.official import OfficialTemplateError
     from draftgate.templates.base import TemplateError, render_text
+    from draftgate.templates.shapes import shape_features
 
     out = []
     for p in probes:
@@ -194,7 +260,8 @@ def check_template(template: Any, official: Any, probes: Sequence[Any]) -> Templ
                         min(len(official_text), len(code)))
             lo = max(0, diff - 30)
             context = f"official {official_text[lo:diff + 40]!r} | code {code[lo:diff + 40]!r}"
-        out.append(TemplateProbe(p.name, p.thinking, status, official_text, code, diff, context, detail))
+        out.append(TemplateProbe(p.name, p.thinking, status, official_text, code, diff, context, detail,
+                                 shape_features(p.messages, p.tools)))
     return TemplateContract(template.name, official.to_dict() if official is not None else None, tuple(out))
 
 
@@ -327,6 +394,7 @@ def run(params: Any) -> ContractRun:
     from draftgate.templates import get_template
     from draftgate.templates.corpus import generated_corpus
     from draftgate.templates.probes import PROBES
+    from draftgate.templates.shapes import covering_corpus
     from draftgate.tokenizers import load_tokenizer
 
     tok = load_tokenizer(params.tokenizer)
@@ -335,7 +403,8 @@ def run(params: Any) -> ContractRun:
                             params.contract.probe_pairs, template=params.template.name)
     official = official_template(tok, params.tokenizer.kind, params.tokenizer.path)
     corpus = generated_corpus(params.contract.corpus_seed, params.contract.corpus_size)
-    result = replace(result, template_contract=check_template(template, official, PROBES + corpus),
+    shapes = covering_corpus()
+    result = replace(result, template_contract=check_template(template, official, PROBES + corpus + shapes),
                      roles=template_roles(template, result.special_ids))
     m = StageMetrics("contract", rows_in=len(result.checks), rows_out=len(result.checks) - len(result.failures()))
     for c in result.failures():
@@ -345,6 +414,10 @@ def run(params: Any) -> ContractRun:
     for p in tc.probes:
         if not p.ok:
             m.drop("template_differs")
+    gaps = tc.gaps()
+    for g in gaps:
+        m.drop(f"template_shape_{g.status}")
+    random_part = tc.probes[len(PROBES):len(PROBES) + len(corpus)]
     m.figures.update(ok=result.ok, tokenizer=result.tokenizer, template=result.template,
                      special_ids=result.special_ids,
                      boundary_merges=sum(p.merges for p in result.boundary_probe),
@@ -352,8 +425,11 @@ def run(params: Any) -> ContractRun:
                      # The fixed probes and the generated corpus apart: a near-miss template
                      # passes the first and fails the second (docs/templates.md).
                      template_corpus={"seed": params.contract.corpus_seed, "size": len(corpus),
-                                      "compared": sum(p.status == "compared" for p in tc.probes[len(PROBES):]),
-                                      "differ": sum(not p.ok for p in tc.probes[len(PROBES):])})
+                                      "compared": sum(p.status == "compared" for p in random_part),
+                                      "differ": sum(not p.ok for p in random_part)},
+                     # The covering corpus (templates/shapes.py) and every (feature, mode) the
+                     # probes left uncompared though the prompts stage admits it.
+                     template_shapes={"size": len(shapes), "gaps": [_feature_key(g) for g in gaps]})
     m.params = {k: as_dict(getattr(params, k)) for k in ("tokenizer", "template", "contract")}
     return ContractRun(result, tok, m)
 
@@ -366,11 +442,25 @@ def summary(result: ContractResult, out: Any) -> tuple[list[str], list[str]]:
              f"template {result.template}: {len(result.checks)} special tokens, "
              f"{len(result.failures())} failed -> {out}",
              f"contract: template {tc.template} vs {official}: {tc.compared} probes compared, "
-             f"{sum(not p.ok for p in tc.probes)} differ"]
+             f"{sum(not p.ok for p in tc.probes)} differ; shape features compared "
+             f"{sum(c.status == 'compared' for c in tc.coverage)}, refused {sum(c.status == 'refused' for c in tc.coverage)}, "
+             f"gaps {len(tc.gaps())}"]
     fails = [f"  FAIL {c.name!r} [{', '.join(c.reasons)}]: {c.problem}" for c in result.failures()]
     fails += [f"  FAIL template probe {p.probe!r} at char {p.first_diff}: {p.diff_context}"
               for p in tc.probes if not p.ok]
+    fails += [f"  FAIL shape {_feature_key(g)}: {_GAP_FIX[g.status]}" for g in tc.gaps()]
     return lines, fails
+
+
+def _feature_key(c: FeatureCoverage) -> str:
+    return f"{c.feature} (thinking {'on' if c.thinking else 'off'})"
+
+
+_GAP_FIX = {
+    "never_held": "no probe holds it; add a conversation with it to templates/shapes.py covering_corpus",
+    "uncovered": "the prompts stage admits it but the official template never rendered it; make the code "
+                 "template refuse it (the prompts stage then rejects it) or fix the official render",
+}
 
 
 # ---------------------------------------------------------------- `draftgate contract` (ad hoc)

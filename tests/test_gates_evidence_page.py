@@ -26,6 +26,7 @@ from draftgate.official import official_template
 from draftgate.reconstruct.core import Setup
 from draftgate.templates import get_template
 from draftgate.templates.probes import PROBES
+from draftgate.templates.shapes import covering_corpus
 from reconstruct_fixtures import reconstruct_tables
 from test_official import SUITE as TEMPLATE_SUITE
 from test_reconstruct_gate import gate, names, prompt, resp, served_prompt, tables
@@ -121,12 +122,13 @@ def test_a_response_billed_one_more_token_shows_billed_vs_counted_and_the_conven
 def template_gate(tmp_path_factory, smollm2_tok):
     """The template gate on SmolLM2's real probes, one code render one byte off ("user" -> "usEr")."""
     tmp = tmp_path_factory.mktemp("template")
-    contract = check_template(get_template("chatml"), official_template(smollm2_tok, "smollm2"), PROBES)
+    contract = check_template(get_template("chatml"), official_template(smollm2_tok, "smollm2"),
+                              PROBES + covering_corpus())
     probes = [p.to_dict() for p in contract.probes]
     [first] = [p for p in probes if p["status"] == "compared"][:1]
     at = first["code_text"].index("user")
     first["code_text"] = first["code_text"][:at] + "usEr" + first["code_text"][at + 4:]
-    (tmp / "contract.json").write_text(json.dumps({"template_probes": probes}))
+    (tmp / "contract.json").write_text(json.dumps({**contract.document(), "template_probes": probes}))
     (tmp / "params.yaml").write_text(yaml.safe_dump({"gates": {"template": {"min_compared": 1}}}))
     code = gates.main([str(TEMPLATE_SUITE), str(tmp / "contract.json"), "--result", str(tmp / "r.json"),
                        "--params", str(tmp / "params.yaml"), "--no-docs"])

@@ -47,7 +47,7 @@ def hf_dir_official(d: Path):
 
 def run_template_gate(tmp_path: Path, result) -> tuple[int, set]:
     doc = tmp_path / "contract.json"
-    doc.write_text(json.dumps({"template_probes": [p.to_dict() for p in result.probes]}))
+    doc.write_text(json.dumps(result.document()))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"gates": {"template": {"min_compared": 1}}}))
     code = gates.main([str(SUITE), str(doc), "--result", str(tmp_path / "r.json"),
                        "--params", str(tmp_path / "params.yaml"), "--no-docs"])
