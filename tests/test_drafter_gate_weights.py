@@ -116,3 +116,20 @@ def test_a_top_level_tie_flag_in_the_speculators_config_fails_as_a_vllm_misread(
     rc, failed, report = gate(ws, trained, tmp_path, speculators=d)
     assert rc == 1 and failed == {"vllm_misreads"}
     assert "top-level tie_word_embeddings True" in report["problems"]["speculators"]
+
+
+def test_a_transposed_fc_weight_in_the_sglang_export_is_a_failed_check_naming_the_tensor(ws, trained, tmp_path):
+    # torch's size mismatch used to escape the step-0 check: the gate exited 2, "internal error".
+    from safetensors.torch import load_file
+
+    from draftgate.io import write_safetensors
+
+    d = tmp_path / "sglang"
+    shutil.copytree(trained / "drafter" / "sglang", d)
+    t = load_file(str(d / ex.WEIGHTS))
+    t["fc.weight"] = t["fc.weight"].T.contiguous()
+    write_safetensors(d / ex.WEIGHTS, t, {"format": "pt"})
+    rc, failed, report = gate(ws, trained, tmp_path, sglang=d)
+    assert rc == 1 and {"shape_errors", "step0_loss_ratio"} <= failed, report
+    assert report["step0"]["ratio"] is None
+    assert "fc.weight" in report["problems"]["sglang"] and "(transposed)" in report["problems"]["sglang"]

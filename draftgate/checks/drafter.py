@@ -203,8 +203,6 @@ def step0_check(sglang: Path, hidden: Path, tokens: Path, loss: Path, params: An
     t+2 is a completion token and the target's argmax at t+1 is a draft id)."""
     import random
 
-    import torch
-
     from draftgate.drafter.export import ExportError, load_drafter
     from draftgate.drafter.vocab import training_rows
     from draftgate.hidden.target import TargetError, load_target
@@ -215,19 +213,40 @@ def step0_check(sglang: Path, hidden: Path, tokens: Path, loss: Path, params: An
     try:
         target = load_target(params.hidden, gp.device, "gates.drafter.device")
         model = load_drafter(sglang, embed=target.embed_tokens.weight.detach().float().cpu(), device=target.device)
-    except (TargetError, ExportError, KeyError, ValueError, OSError) as e:
+    except (TargetError, ExportError, KeyError, ValueError, OSError, RuntimeError) as e:
+        # A corrupted export is this check's failure (step0_loss_ratio null, the reason in problems),
+        # never an internal error of the gate.
         out["problems"].append(f"step-0 check: {' '.join(str(e).split())[:300]}")
         return out
     pids, rows = training_rows(tokens, params.drafter.splits)
     pick = sorted(random.Random(gp.check_seed).sample(range(len(pids)), min(gp.check_rows, len(pids))))
     feats = read_rows(hidden, {pids[i] for i in pick})
+    try:
+        loss_sum, hits, n = _step0(model, target, pick, pids, rows, feats, hidden, out["problems"])
+    except (RuntimeError, IndexError) as e:     # a loaded export whose tensors do not compute (a d2t out of range)
+        out["problems"].append(f"step-0 check: the export does not run: {' '.join(str(e).split())[:300]}")
+        return out
+    if n:
+        out.update(loss=loss_sum / n, accuracy=hits / n, positions=n)
+        if claimed:
+            out["ratio"] = out["loss"] / claimed
+    else:
+        out["problems"].append("step-0 check: no loss position in the sampled training rows")
+    return out
+
+
+def _step0(model: Any, target: Any, pick: list[int], pids: list[str], rows: list, feats: dict, hidden: Path,
+           problems: list[str]) -> tuple[float, int, int]:
+    """(summed soft cross-entropy, hits, positions) of the export at TTT step 0 on the picked rows."""
+    import torch
+
     dev = target.device
     draft_ids = torch.arange(model.config.draft_vocab_size, device=dev) + model.d2t
     loss_sum, hits, n = 0.0, 0, 0
     with torch.inference_mode():
         for i in pick:
             if pids[i] not in feats:
-                out["problems"].append(f"training row {pids[i]} has no features in {hidden}")
+                problems.append(f"training row {pids[i]} has no features in {hidden}")
                 continue
             aux, final = (x.to(dev) for x in feats[pids[i]])
             ids = torch.as_tensor(rows[i][0], dtype=torch.long, device=dev)
@@ -248,13 +267,7 @@ def step0_check(sglang: Path, hidden: Path, tokens: Path, loss: Path, params: An
             loss_sum += float(-(p * logq).sum(-1).sum())
             hits += int((model.to_target(logq.argmax(-1)) == argmax[pos + 1]).sum())
             n += int(pos.numel())
-    if n:
-        out.update(loss=loss_sum / n, accuracy=hits / n, positions=n)
-        if claimed:
-            out["ratio"] = out["loss"] / claimed
-    else:
-        out["problems"].append("step-0 check: no loss position in the sampled training rows")
-    return out
+    return loss_sum, hits, n
 
 
 def build_table(sglang: Path, speculators: Path, hidden: Path, tokens: Path, loss: Path, params_path: Path) -> dict:

@@ -489,9 +489,17 @@ def load_drafter(export_dir: str | Path, embed: Any = None, device: str = "cpu")
         if canon == "embed_tokens.weight":
             continue   # the speculators layout's copy, rounded to the export dtype: the target's stays
         state[canon] = t.float() if t.is_floating_point() else t
-    missing = set(model.trainable_state()) - set(state)
+    expected = model.trainable_state()
+    missing = set(expected) - set(state)
     if missing:
         raise ExportError(f"{d}: missing tensors {sorted(missing)}")
+    # torch's own size-mismatch error is a RuntimeError that reads like a crash; a wrong shape in
+    # the file is the export's fault, said per tensor (a transposed fc.weight: [1728, 576] vs [576, 1728]).
+    wrong = [f"{name} {list(state[name].shape)} in the file, {list(t.shape)} from config.json"
+             + (" (transposed)" if list(state[name].shape) == list(t.shape)[::-1] else "")
+             for name, t in expected.items() if state[name].shape != t.shape]
+    if wrong:
+        raise ExportError(f"{d / WEIGHTS}: wrong shapes: {'; '.join(wrong)}; re-export the drafter (the train stage)")
     model.load_state_dict(state, strict=False)
     return model.to(device).eval()
 
