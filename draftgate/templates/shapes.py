@@ -19,7 +19,8 @@ calls) | tool. Features, by family:
   `before` / `last` / `after` the last plain assistant reply (Kimi keeps reasoning after it);
 - text: content that a template inspects: an assistant content opening with "\\n" (Qwen3 strips
   it in the loop), holding "</think>" (Qwen3 splits on it), a user content wrapped in
-  <tool_response> (Qwen3 does not count it as a query).
+  <tool_response> (Qwen3 does not count it as a query), alone and after a query and an assistant
+  turn with reasoning (there it decides whether that reasoning is kept).
 The serving mode (thinking on or off) is the other axis: coverage is counted per (feature, mode).
 
 How a feature is counted (contract.py `shape_coverage`, and gate_template again from the probes):
@@ -61,7 +62,7 @@ def _catalogue() -> tuple[tuple[str, str], ...]:
         *((f"calls:{v}", "calls") for v in ("one", "several")),
         *((f"reasoning:{k}:{s}:{w}:{r}", "reasoning") for k, w, r in reasoning for s in STATES),
         *((f"text:{v}", "text") for v in ("assistant_leading_newline", "assistant_think_markup",
-                                          "user_tool_response_wrapped")),
+                                          "user_tool_response_wrapped", "user_tool_response_wrapped_after_reasoning")),
     )
 
 
@@ -86,6 +87,7 @@ def shape_features(messages: list, tools: list | None) -> tuple[str, ...]:
     out.update(f"turn:{a}>{b}" for a, b in zip(kinds, kinds[1:]))
     last_user = max((i for i, k in enumerate(kinds) if k == "user"), default=-1)
     last_plain = max((i for i, k in enumerate(kinds) if k == "assistant"), default=-1)
+    queried = reasoned = False       # a real user query came before; an assistant turn with reasoning after it
     for i, (m, k) in enumerate(zip(msgs, kinds)):
         content = m.get("content")
         if "name" in m:
@@ -93,6 +95,10 @@ def shape_features(messages: list, tools: list | None) -> tuple[str, ...]:
         if k == "user" and isinstance(content, str) and content.startswith("<tool_response>") \
                 and content.endswith("</tool_response>"):
             out.add("text:user_tool_response_wrapped")
+            if reasoned:
+                out.add("text:user_tool_response_wrapped_after_reasoning")
+        elif k == "user":
+            queried = True
         if k not in ("assistant", "calls"):
             continue
         if isinstance(content, str) and content.startswith("\n"):
@@ -104,6 +110,7 @@ def shape_features(messages: list, tools: list | None) -> tuple[str, ...]:
             out.add(f"calls_content:{'text' if content else 'none'}")
         r = m.get("reasoning_content")
         state = "absent" if r is None else "present" if r else "empty"
+        reasoned = reasoned or (queried and state == "present")
         where = "history" if i < last_user else "loop"
         rel = "before" if i < last_plain else "last" if i == last_plain else "after"
         out.add(f"reasoning:{k}:{state}:{where}:{rel}")
@@ -143,7 +150,7 @@ def admitted_sequences(max_len: int = 5) -> Iterator[tuple[str, ...]]:
     return iter(sorted(found, key=lambda s: (s.count("calls"), len(s))))
 
 
-def _conversation(seq: tuple[str, ...], at: int | None, label: str | None) -> list[dict]:
+def _conversation(seq: tuple[str, ...], changes: tuple[tuple[int, str], ...] = ()) -> list[dict]:
     msgs: list[dict] = []
     pending: list[str] = []          # calls not yet answered, oldest first
     answered: list[str] = []
@@ -157,7 +164,7 @@ def _conversation(seq: tuple[str, ...], at: int | None, label: str | None) -> li
             m = {"role": "assistant", "content": REPLY}
         elif k == "calls":
             calls = []
-            for _ in range(2 if at == i and label == "parallel" else 1):
+            for _ in range(2 if (i, "parallel") in changes else 1):
                 cid = f"functions.add:{n_calls}"
                 calls.append({"id": cid, "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}})
                 pending.append(cid)
@@ -169,25 +176,35 @@ def _conversation(seq: tuple[str, ...], at: int | None, label: str | None) -> li
             cid = pending.pop(0) if pending else answered[-1]
             answered.append(cid)
             m = {"role": "tool", "tool_call_id": cid, "content": RESULT}
-        if at == i and label != "parallel":
-            next(change for kinds, name, change in VARIATIONS if name == label)(m)
+        for at, label in changes:
+            if at == i and label != "parallel":
+                next(change for kinds, name, change in VARIATIONS if name == label)(m)
         msgs.append(m)
     return msgs
 
 
 def _candidates() -> Iterator[tuple[list[dict], list | None]]:
-    for seq in admitted_sequences():
-        yield _conversation(seq, None, None), None
-        for i, k in enumerate(seq):
-            for kinds, label, _ in VARIATIONS:
-                if k in kinds:
-                    yield _conversation(seq, i, label), None
-        yield _conversation(seq, None, None), [ADD]
-        yield _conversation(seq, None, None), [ADD, WEATHER]
+    # One change from the plainest conversation of each sequence first, then two: a feature that
+    # is a combination (a wrapped user turn after reasoning) needs two.
+    seqs = list(admitted_sequences())
+    for seq in seqs:
+        yield _conversation(seq), None
+        for change in _changes(seq):
+            yield _conversation(seq, (change,)), None
+        yield _conversation(seq), [ADD]
+        yield _conversation(seq), [ADD, WEATHER]
+    for seq in seqs:
+        for pair in itertools.combinations(_changes(seq), 2):
+            if pair[0][0] != pair[1][0]:
+                yield _conversation(seq, pair), None
+
+
+def _changes(seq: tuple[str, ...]) -> list[tuple[int, str]]:
+    return [(i, label) for i, k in enumerate(seq) for kinds, label, _ in VARIATIONS if k in kinds]
 
 
 def covering_corpus() -> tuple[ProbeConversation, ...]:
-    """For each mode, the simplest conversation for each catalogue feature (about 70 per mode),
+    """For each mode, the simplest conversation for each catalogue feature (about 55 per mode),
     named `shape_NNN` and the same on every call."""
     out: list[ProbeConversation] = []
     for thinking in MODES:
