@@ -14,7 +14,10 @@ The template contract renders a built-in probe set (templates/probes.py) and a s
 corpus (templates/corpus.py: contract.corpus_size conversations) with the target's
 official chat template (official.py: the model directory's, or the one embedded in the default's
 GGUF) and with the template as code, and records both texts per probe: any byte difference fails
-the template gate (expectations/template.json), which compares the two texts itself.
+the template gate (expectations/template.json), which compares the two texts itself. A covering
+corpus (templates/shapes.py) holds every conversation shape the prompts stage admits, in each
+serving mode; each probe carries its shape features, and the contract (shape_coverage) and the
+gate both fail when a shape the code template renders was never compared.
 """
 
 from __future__ import annotations
