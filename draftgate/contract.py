@@ -153,7 +153,13 @@ class TemplateContract:
 
     @property
     def ok(self) -> bool:
-        return all(p.ok for p in self.probes) and not self.gaps()
+        """Every probe renders alike (or only the code refuses it). On a partial probe set this
+        says nothing about shapes: `complete` does."""
+        return all(p.ok for p in self.probes)
+
+    @property
+    def complete(self) -> bool:
+        return not self.gaps()
 
     def to_dict(self) -> dict[str, Any]:
         cov = self.coverage
@@ -161,7 +167,7 @@ class TemplateContract:
                 "differ": sum(not p.ok for p in self.probes),
                 "features": {s: sum(c.status == s for c in cov) for s in ("compared", "refused", "uncovered",
                                                                           "never_held")},
-                "ok": self.ok}
+                "ok": self.ok, "complete": self.complete}
 
     def document(self) -> dict[str, Any]:
         """What gate_template reads (contract.json): the probes with their renders and features, the
@@ -492,4 +498,5 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     for line in fails:
         print(line, file=sys.stderr)
-    return 0 if done.result.ok and done.result.template_contract.ok else 1
+    tc = done.result.template_contract
+    return 0 if done.result.ok and tc.ok and tc.complete else 1

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     for line in fails:
         print(line, file=sys.stderr)
-    return 0 if (done.result.ok and done.result.template_contract.ok) or args.defer_to_gate else 1
+    tc = done.result.template_contract
+    return 0 if (done.result.ok and tc.ok and tc.complete) or args.defer_to_gate else 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from draftgate.templates import get_template
 from draftgate.templates.corpus import corpus_summary, generated_corpus
 from draftgate.templates.kimi_tools_ts import deep_sorted
 from draftgate.templates.probes import PROBES
+from draftgate.templates.shapes import covering_corpus
 from test_official import run_template_gate
 
 K2_THINKING_LIKE = "".join((
@@ -63,6 +64,7 @@ def kimi_like(tok, text: str) -> OfficialTemplate:
 
 
 CORPUS = generated_corpus(0, 300)
+SHAPES = covering_corpus()
 
 
 def test_the_corpus_is_the_same_for_a_seed_and_another_for_another_seed():
@@ -82,8 +84,8 @@ def test_the_corpus_covers_what_the_fixed_probes_have_too_few_of():
 
 def test_a_k2_thinking_like_template_equals_the_code_template_on_probes_and_corpus(tmp_path, kimi_standin_tok):
     result = check_template(get_template("kimi_k2_thinking"), kimi_like(kimi_standin_tok, K2_THINKING_LIKE),
-                            PROBES + CORPUS)
-    assert result.ok and result.compared >= 100
+                            PROBES + CORPUS + SHAPES)
+    assert result.ok and result.complete and result.compared >= 100
     assert run_template_gate(tmp_path, result) == (0, set())
 
 
@@ -93,10 +95,10 @@ def test_the_near_miss_without_its_break_passes_every_fixed_probe_but_fails_the_
     fixed = check_template(t, near, PROBES)
     assert fixed.ok and fixed.compared >= 10          # the blind spot the corpus closes
     started = time.perf_counter()
-    result = check_template(t, near, PROBES + CORPUS)
-    assert time.perf_counter() - started < 5           # ~0.3 s measured on one core
+    result = check_template(t, near, PROBES + CORPUS + SHAPES)
+    assert time.perf_counter() - started < 5           # ~0.4 s measured on one core
     bad = [p for p in result.probes if not p.ok]
-    assert len(bad) >= 20 and all(p.probe.startswith("corpus_") for p in bad)
+    assert len(bad) >= 20 and all(p.probe.startswith(("corpus_", "shape_")) for p in bad)
     # What leaks is reasoning of an earlier finished reply: the official render has more text.
     assert all(len(p.official_text) > len(p.code_text) for p in bad)
     code, failed = run_template_gate(tmp_path, result)

@@ -22,10 +22,13 @@ from draftgate.official import gguf_chat_template, official_template
 from draftgate.reconstruct.core import Setup
 from draftgate.templates import get_template
 from draftgate.templates.probes import PROBES
+from draftgate.templates.shapes import covering_corpus
 from draftgate.tokenizers import load_tokenizer, smollm2_gguf
 from reconstruct_fixtures import reconstruct_tables
 
 SUITE = Path(__file__).resolve().parents[1] / "expectations" / "template.json"
+# What the template gate needs to pass: the probes and every shape the prompts stage admits.
+FULL = PROBES + covering_corpus()
 
 
 def model_dir(tmp_path: Path, smollm2_tok, edit=lambda t: t) -> Path:
@@ -70,15 +73,15 @@ def test_the_default_chatml_template_equals_the_one_embedded_in_the_gguf_on_ever
 
 def test_the_model_directorys_own_template_passes_the_template_gate(tmp_path, smollm2_tok):
     _, official = hf_dir_official(model_dir(tmp_path, smollm2_tok))
-    result = check_template(get_template("chatml"), official, PROBES)
-    assert result.ok
+    result = check_template(get_template("chatml"), official, FULL)
+    assert result.ok and result.complete
     assert run_template_gate(tmp_path, result) == (0, set())
 
 
 def test_a_one_character_change_in_the_template_file_fails_the_template_gate(tmp_path, smollm2_tok):
     _, official = hf_dir_official(model_dir(tmp_path, smollm2_tok,
                                             lambda t: t.replace("named SmolLM", "named SmolLm", 1)))
-    result = check_template(get_template("chatml"), official, PROBES)
+    result = check_template(get_template("chatml"), official, FULL)
     bad = [p for p in result.probes if not p.ok]
     assert bad and all(p.first_diff is not None and "SmolLm" in p.diff_context for p in bad)
     code, failed = run_template_gate(tmp_path, result)
@@ -89,15 +92,17 @@ def test_a_conversation_only_the_code_template_can_render_fails_as_an_invented_f
     def refuse_systems(t):
         return "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}" + t
     _, official = hf_dir_official(model_dir(tmp_path, smollm2_tok, refuse_systems))
-    result = check_template(get_template("chatml"), official, PROBES)
+    result = check_template(get_template("chatml"), official, FULL)
     assert "official_refuses" in {p.status for p in result.probes} and not result.ok
+    # The shapes with a system turn are admitted (the code renders them) and never compared too.
+    assert {g.feature for g in result.gaps()} >= {"first:system", "turn:system>user"}
     code, failed = run_template_gate(tmp_path, result)
-    assert code == 1 and failed == {"code_invents"}
+    assert code == 1 and failed == {"code_invents", "uncovered"}
 
 
 def test_without_an_official_template_nothing_is_compared_and_the_gate_needs_min_compared_0(tmp_path):
-    result = check_template(get_template("qwen3"), None, PROBES)
-    assert {p.status for p in result.probes} == {"no_official"} and result.ok
+    result = check_template(get_template("qwen3"), None, FULL)
+    assert {p.status for p in result.probes} == {"no_official"} and result.ok and result.complete
     code, failed = run_template_gate(tmp_path, result)
     assert code == 1 and failed == {"n_compared"}
 
