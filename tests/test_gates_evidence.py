@@ -44,10 +44,10 @@ def test_the_page_rebuilt_from_that_record_shows_gxs_counts_and_the_rows_under_t
     page = (tmp_path / "site" / pages["gate_tokens"]).read_text(encoding="utf-8")
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
     # GX's own table of each unexpected value and its count, then the rows with their keys, in
-    # the order the gate found them (keys first, the check's column after).
+    # the order the gate found them; the check's column, which repeats the prompt id, shown once.
     assert ("Unexpected Value Count p0 1 p2 1 What it checks: ") in text
     assert ("Offending rows (the first 2, with the evidence the suite computed): prompt_id dataset "
-            "kept_think_unbalanced p0 chat p0 p2 chat p2") in text
+            "p0 chat p2 chat") in text
     # The suite's page, rebuilt from the record too, explains each check with the note it ran under.
     suite = " ".join(re.sub(r"<[^>]+>", " ", (tmp_path / "site" / "expectations" / "tokens.html").read_text()).split())
     [note] = [e["meta"]["notes"] for e in result["expectations"] if e["kwargs"].get("column") == "kept_think_unbalanced"]

@@ -183,9 +183,15 @@ def annotation(note: str | None, rows: list[dict], header: Sequence[str] = ()) -
     rows = [r for r in rows or [] if isinstance(r, dict)]
     if rows:
         header = list(dict.fromkeys([*header, *(k for r in rows for k in r)]))
-        head = "".join(f"<th>{html.escape(str(k))}</th>" for k in header)
-        body = "".join("<tr>" + "".join(f'<td class="text-monospace" style="overflow-wrap:anywhere">{html.escape(_shown(r.get(k)))}</td>'
-                                        for k in header) + "</tr>" for r in rows)
+        # The check's own column often repeats the key (a prompt id): shown once.
+        shown: list[str] = []
+        for k in header:
+            if not any(all(isinstance(r.get(k), str) and r.get(k) == r.get(o) for r in rows) for o in shown):
+                shown.append(k)
+        pad = "padding:4px 8px"
+        head = "".join(f'<th style="{pad}">{html.escape(str(k))}</th>' for k in shown)
+        body = "".join("<tr>" + "".join(f'<td class="text-monospace" style="overflow-wrap:anywhere;{pad}">'
+                                        f"{html.escape(_shown(r.get(k)))}</td>" for k in shown) + "</tr>" for r in rows)
         out.append(f'<div class="draftgate-evidence small mt-1"><strong>Offending rows</strong> (the first '
                    f'{len(rows)}, with the evidence the suite computed):<div class="table-responsive">'
                    f'<table class="table table-sm table-bordered mb-1"><thead><tr>{head}</tr></thead>'

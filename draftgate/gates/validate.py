@@ -199,7 +199,25 @@ def no_verdict(args: argparse.Namespace, message: str, prog: str) -> int:
         write_json(args.result, failed)
     if args.metric:
         write_json(args.metric, metric(failed))
+    _page({**failed, "suite": Path(args.suite).stem,
+           "artifact": {"path": args.artifact.partition("=")[2] if "=" in args.artifact else args.artifact}}, args)
     return 2
+
+
+def _page(result: dict, args: argparse.Namespace) -> None:
+    """The gate's own page (page.py), beside the Data Docs; its link printed last, where the reader's
+    eye is when DVC stops."""
+    if args.no_docs:
+        return
+    from draftgate.gates import page
+
+    try:
+        path = page.write(result, args.docs, record=args.result)
+    except OSError as e:    # a page is for reading: its failure must not change the verdict
+        print(f"  warning: could not write the gate's page: {e}", file=sys.stderr)
+        return
+    print(f"  {'why it failed' if not result.get('success') else 'page'}: {path.resolve().as_uri()}",
+          file=sys.stderr if result.get("error") else sys.stdout)
 
 
 def main(argv: list[str] | None = None, checks: Mapping[str, Check] | None = None,
@@ -259,4 +277,5 @@ def main(argv: list[str] | None = None, checks: Mapping[str, Check] | None = Non
     for line in run.remote:
         print(f"  warning: a Data Docs page still loads from the network (new in GX's templates?): {line}",
               file=sys.stderr)
+    _page(r, args)
     return 0 if run.success else 1
