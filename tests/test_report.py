@@ -65,18 +65,22 @@ def test_headless_chromium_renders_the_page_and_the_data_docs_rebuilt_from_the_r
     assert dom.count("<svg") == 2 and "seed3" in dom
 
     # The gates wrote no page in this checkout (the fixture's site had none): the report stage
-    # rebuilt the site from data/gates/tokens.details.json, and both pages tell the same story.
-    gates = re.findall(r'<td><a href="(data_docs/validations/[^"]+)">(gate_\w+)</a></td><td>([^<]+)</td>'
-                       r'<td class="(pass|fail)">', dom)
+    # rebuilt the site and each gate's own page from data/gates/tokens.details.json, and the pages
+    # tell the same story.
+    gates = re.findall(r'<tr id="gate-(gate_\w+)"><td><a href="(gates/[^"]+)">gate_\w+</a></td>'
+                       r'<td><span class="(pass|fail)">[^<]+</span></td><td>([^<]+)</td>.*?'
+                       r'<a href="(data_docs/validations/[^"]+)">page</a>', dom)
     site = dump_dom(index.parent / "data_docs" / "index.html", tmp_path, budget_ms=5000)
     listed = re.findall(r'<tr class="clickable-row" data-href="(validations/[^"]+)".*?</tr>', site, re.S)
-    assert [g[1] for g in gates] == ["gate_tokens"] and len(listed) == 1
-    href, gate, recorded, verdict = gates[0]
+    assert [g[0] for g in gates] == ["gate_tokens"] and len(listed) == 1
+    gate, own, verdict, recorded, href = gates[0]
     assert href == "data_docs/" + listed[0] and (index.parent / href).is_file()
+    assert own == "gates/tokens.html" and "PASSED: all 2 checks" in (index.parent / own).read_text()
     row = re.search(r'data-href="' + re.escape(listed[0]) + r'".*?</tr>', site, re.S)[0]
-    when, commit = re.fullmatch(r"(.+ UTC) \((\w+)\)", recorded).groups()
+    when, commit = re.fullmatch(r"(.+) UTC \((\w+)\)", recorded).groups()
     assert when in row and commit in row and gate in row
     assert ("text-success" in row) == (verdict == "pass")
+    assert "All 1 gates pass." in dom
 
 
 def test_a_categorical_x_draws_bars_with_their_values_and_a_numeric_x_draws_a_line():
@@ -157,3 +161,39 @@ def test_json_plots_are_read_as_dvc_reads_them(tmp_path):
     assert report.read_plot(nested) == (["step", "acc"], [{"step": 0, "acc": 0.5}])
     assert report.vega_spec({"path": "loss.json", "x": "step", "y": "loss"}, *report.read_plot(curve))["data"]["values"] == [
         {"step": 0.0, "loss": 3.0}, {"step": 1.0, "loss": 2.0}]
+
+
+def test_a_gate_recorded_before_a_newer_upstream_record_is_stale_and_the_banner_says_where_it_stopped():
+    import datetime as dt
+
+    from draftgate.lineage import verdicts
+    from draftgate.lineage.pipeline import Pipeline
+
+    pipe = Pipeline({"stages": {
+        "reconstruct": {"cmd": "python -m stages.reconstruct", "outs": ["data/tokens"]},
+        "gate_tokens": {"cmd": "python -m stages.gate t data/tokens/t.parquet", "deps": ["data/tokens"],
+                        "metrics": ["data/gates/tokens.json"]},
+        "train": {"cmd": "python -m stages.train", "deps": ["data/tokens", "data/gates/tokens.json"],
+                  "outs": ["data/drafter"]},
+        "gate_drafter": {"cmd": "python -m stages.gate_drafter d data/drafter", "deps": ["data/drafter"],
+                         "metrics": ["data/gates/drafter.json"]}}}, None)
+    committed, now = dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 2)
+    # The drill: gate_tokens reran on a corrupted table and failed; gate_drafter's record is the commit's.
+    assert verdicts.stale(pipe, {"gate_tokens": now, "gate_drafter": committed}) == {"gate_drafter": "gate_tokens"}
+    assert verdicts.stale(pipe, {"gate_tokens": committed, "gate_drafter": now}) == {}
+    failed = {"success": False, "statistics": {"evaluated": 29, "unsuccessful": 4}, "expectations": []}
+    text = verdicts.banner(["gate_tokens", "gate_drafter"], {"gate_tokens": failed, "gate_drafter": {"success": True}},
+                           {"gate_drafter": "gate_tokens"}, {"gate_tokens": "gates/tokens.html"})
+    assert 'Stopped at <a href="gates/tokens.html">gate_tokens</a></strong>: 4 of 29 checks failed' in text
+    assert "1 gate(s) after it hold records of the data before this change" in text
+
+
+def test_figures_stand_beside_what_their_checks_allow():
+    from draftgate.lineage.verdicts import figures
+
+    result = {"expectations": [
+        {"type": "expect_column_max_to_be_between", "kwargs": {"column": "n_semantic", "max_value": 0},
+         "success": False, "observed_value": 1},
+        {"type": "expect_column_min_to_be_between", "kwargs": {"column": "billing_row_agreement", "min_value": 0.85},
+         "success": True, "observed_value": 0.9067796610169492}]}
+    assert figures(result) == "n_semantic 1 (at most 0) ✗; billing_row_agreement 0.9068 (at least 0.85)"

@@ -26,7 +26,7 @@ from typing import Any
 
 from draftgate.lineage import lineage
 from draftgate.lineage.facts import details_path
-from draftgate.lineage.collect import collect, collect_all
+from draftgate.lineage.collect import collect_all
 from draftgate.lineage.db import summary, write_db
 from draftgate.lineage.render import COMPACT, cell, render
 from draftgate.lineage.pipeline import Pipeline
@@ -44,6 +44,12 @@ table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ddd;paddin
 th{background:#f4f4f4}.pass{color:#1a7f37}.fail{color:#cf222e;font-weight:bold}
 pre{background:#f6f8fa;padding:.8em;overflow-x:auto;font-size:12px}.plot{margin:1em 0}
 .muted{color:#666}
+.banner{padding:.7em 1em;border-radius:6px;margin:1em 0;font-size:1.05em}
+.banner.fail{background:#ffebe9;border:1px solid #ff8182}.banner.pass{background:#dafbe1;border:1px solid #4ac26b}
+.banner.none{background:#fff8c5;border:1px solid #d4a72c}
+table.gates td{vertical-align:top}td.figs{max-width:32em;overflow-wrap:anywhere}
+.stale{background:#fff8c5;border:1px solid #d4a72c;border-radius:10px;padding:0 6px;font-size:11px;white-space:nowrap}
+ul.failures li{margin:.2em 0}
 """
 
 
@@ -182,14 +188,25 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 def rebuild_data_docs(root: Path) -> dict[str, tuple[str, Any]]:
     """The Data Docs site from the workspace's gate records: {gate: (page relative to root, Record)}.
-    GX is imported only here (~3 s)."""
+    Each gate's own page (draftgate/gates/page.py) is rewritten from the same record at the path the
+    gate printed, so a gate DVC found up to date has one too. GX is imported only here (~3 s)."""
+    from draftgate.gates import page as gate_page
     from draftgate.lineage import datadocs as site
 
     pipe = Pipeline.at(open_revision(root, WORKSPACE))
     gates = {st.name: details_path(st.metrics[0].path) for st in pipe.stages.values() if st.is_gate and st.metrics}
     records = site.read_records(root, gates)
     pages = site.rebuild(root / DATA_DOCS_SITE, records)
+    dvc_yaml = gate_page.read_dvc_yaml(root)
+    for r in records:
+        gate_page.write(r.result, DATA_DOCS_SITE, root=root, record=gates[r.gate], dvc_yaml=dvc_yaml)
     return {r.gate: (f"{DATA_DOCS_SITE}/{pages[r.gate]}", r) for r in records if r.gate in pages}
+
+
+def gate_page_of(root: Path, record: Any) -> Path:
+    from draftgate.gates.page import page_path
+
+    return page_path(root / DATA_DOCS_SITE, record.suite)
 
 
 def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | None = None,
@@ -205,24 +222,17 @@ def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | 
              "every link below is a file in this repository, readable offline.</p>"]
 
     docs = root / DATA_DOCS
-    parts.append("<h2>Gates</h2>")
-    parts.append(f'<p><a href="{_rel(docs, page_dir)}">Data Docs</a>: every check of every gate, with its '
-                 "note, observed values and unexpected rows, rebuilt from the gates' records "
-                 "(data/gates/*.details.json).</p>" if docs.is_file() else
+    parts.append('<h2 id="gates">Gates</h2>')
+    parts.append(f'<p class=muted>Each gate links its own page (the verdict, the root failure first, the offending '
+                 f'rows, the stage to rerun); <a href="{_rel(docs, page_dir)}">Data Docs</a> hold every check as Great '
+                 "Expectations renders it.</p>" if docs.is_file() else
                  "<p class=muted>No Data Docs yet: the gate stages write them (`dvc repro`).</p>")
-    rev = collect(snap)
-    gate_rows = []
-    for g in (rev.gates.values() if rev else []):
-        figures = ", ".join(f"{k} {cell(v, False)}" for k, v in list(g["figures"].items())[:6])
-        linked = (docs_pages or {}).get(g["gate"])
-        gate_rows.append({"gate": Link(g["gate"], _rel(root / linked[0], page_dir)) if linked else g["gate"],
-                          "recorded": f"{linked[1].run_time:%Y-%m-%d %H:%M:%S} UTC ({linked[1].run_name})" if linked else None,
-                          "verdict": g["success"] if g["ran"] else None,
-                          "checks": g["checks"], "failed": g["failed"], "rows": g["rows"],
-                          "suite": g["suite"], "suite md5": g["suite_md5"], "figures": figures,
-                          "failures": "; ".join(g["failures"])})
-    if gate_rows:
-        parts.append(_table(gate_rows, list(gate_rows[0])))
+    from draftgate.lineage import datadocs, verdicts
+
+    gates = {st.name: details_path(st.metrics[0].path) for st in pipe.stages.values() if st.is_gate and st.metrics}
+    records = datadocs.read_records(root, gates)
+    parts.append(verdicts.section(root, page_dir, root / DATA_DOCS_SITE, pipe, records,
+                                  {g: p for g, (p, _) in (docs_pages or {}).items()}))
 
     parts.append("<h2>Plots</h2>")
     plots = pipe.plots()
