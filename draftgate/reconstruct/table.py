@@ -49,7 +49,10 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
         part = Path(out_path).with_name(f".{Path(out_path).name}.part")
         part.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with pq.ParquetWriter(part, schema.tokens()) as w:
+            # The part file is read once, right after: written raw (no compression, dictionary or
+            # statistics), which the final file's bytes do not see.
+            with pq.ParquetWriter(part, schema.tokens(), compression="none", use_dictionary=False,
+                                  write_statistics=False) as w:
                 for t in first.run(source.iter_batches(batch_size=chunk)):
                     w.write_table(t)
             settled, summary = settle(first.facts, billing_params or BillingParams(), on_billing_mismatch,
