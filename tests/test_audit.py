@@ -143,3 +143,17 @@ def test_a_changed_suite_shows_a_new_hash_and_the_older_suite_query_finds_the_dr
     assert sorted(r[0] for r in older) == sorted(
         r for (r,) in con.sql("SELECT run FROM runs WHERE kind IN ('commit', 'experiment') AND NOT head").fetchall())
     assert {r[5] for r in older} == {old_md5}
+
+
+def test_the_audit_never_writes_a_dvc_output_so_dvc_status_stays_clean(repo, capsys):
+    # reports/audit.duckdb is the report stage's output in the real pipeline: the default is not.
+    import yaml as _yaml
+
+    from draftgate.lineage.pipeline import Pipeline
+
+    real = Pipeline(_yaml.safe_load((Path(__file__).resolve().parents[1] / "dvc.yaml").read_text()), None)
+    assert real.producer(audit.DEFAULT_DB) is None and real.producer("reports/audit.duckdb") is not None
+    assert audit.main(["--repo", str(repo.root), "--db", "data/tokens/audit.duckdb", "--no-dvc"]) == 2
+    err = capsys.readouterr().err
+    assert "stage 'reconstruct' writes data/tokens (a DVC output)" in err and "write elsewhere" in err
+    assert not (repo.root / "data" / "tokens" / "audit.duckdb").exists()

@@ -1,10 +1,10 @@
 """`draftgate audit`: every commit and experiment as rows of DuckDB tables; `--diff A B` says what changed.
 
-    draftgate audit                          # summary of every revision; writes reports/audit.duckdb
+    draftgate audit                          # summary of every revision; writes .cache/audit.duckdb
     draftgate audit --format md              # the same as a Markdown table (csv: every column, full hashes)
     draftgate audit --diff HEAD~1 HEAD       # params, artifacts, code, fingerprints, figures, verdicts
     draftgate audit --diff exp-a exp-b --format csv
-    duckdb reports/audit.duckdb "select * from summary"
+    duckdb .cache/audit.duckdb "select * from summary"
 
 Revisions: each commit of HEAD's history (and branches) that changed dvc.lock, each experiment DVC
 saved (refs/exps; what `dvc exp show --json` lists), and the workspace. Each is read from git as it
@@ -25,16 +25,36 @@ from draftgate.lineage.diff import diff
 from draftgate.lineage.render import COMPACT, render
 from draftgate.lineage.snapshot import RevisionError, open_revision, repo_root
 
-DEFAULT_DB = "reports/audit.duckdb"
+# Not reports/audit.duckdb: that one is the report stage's DVC output, and rewriting it here would
+# leave `dvc status` dirty after a command that only reads (.cache/ is git-ignored scratch).
+DEFAULT_DB = ".cache/audit.duckdb"
 
 
 def build(root: str | Path = ".", db: str | Path | None = DEFAULT_DB, with_experiments: bool = True,
           with_failed: bool = False) -> list[Revision]:
     root = repo_root(root)
+    if db:
+        refuse_dvc_output(root, db)
     revs = collect_all(root, with_experiments, with_failed)
     if db:
         write_db(revs, root / db if not Path(db).is_absolute() else db)
     return revs
+
+
+def refuse_dvc_output(root: Path, db: str | Path) -> None:
+    """An audit only reads: writing a stage's output would make `dvc status` report it modified."""
+    from draftgate.lineage.pipeline import Pipeline
+    from draftgate.lineage.snapshot import WORKSPACE
+
+    path = Path(db).resolve() if Path(db).is_absolute() else (root / db).resolve()
+    try:
+        rel = path.relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return      # outside the repository: no stage writes there
+    found = Pipeline.at(open_revision(root, WORKSPACE)).producer(rel)
+    if found:
+        raise RevisionError(f"--db {db}: stage {found[0].name!r} writes {found[1].path} (a DVC output), and the audit "
+                            f"rewriting it would leave `dvc status` dirty; write elsewhere (default: {DEFAULT_DB})")
 
 
 def main(argv: list[str] | None = None) -> int:
