@@ -87,3 +87,17 @@ def test_arms_over_other_prompts_are_refused():
 
     with pytest.raises(ValueError, match="same prompts"):
         arms_difference([_run([[1], [2]])], [_run([[1]])], 10, 0)
+
+
+def test_rates_over_every_verify_step_compare_proposers_like_with_like():
+    from draftgate.evaluate.stats import PromptSteps, acceptance_length, per_position, per_position_all
+
+    # An n-gram proposer drafts on 1 step of 4 and is accepted there; a drafter drafts on all 4
+    # and is accepted at position 1 on 2 of them: per_position draws the n-gram higher (1.0 vs
+    # 0.5), though the drafter emits more tokens per verify forward.
+    ngram = [PromptSteps(drafted=[2, 0, 0, 0], accepted=[1, 0, 0, 0], emitted=[2, 1, 1, 1])]
+    eagle = [PromptSteps(drafted=[2, 2, 2, 2], accepted=[1, 1, 0, 0], emitted=[2, 2, 1, 1])]
+    assert per_position(ngram, 2)[0] > per_position(eagle, 2)[0]
+    assert per_position_all(ngram, 2) == [0.25, 0.0] and per_position_all(eagle, 2) == [0.5, 0.0]
+    for run in (ngram, eagle):
+        assert 1 + sum(per_position_all(run, 2)) == acceptance_length(run)

@@ -197,3 +197,13 @@ def test_figures_stand_beside_what_their_checks_allow():
         {"type": "expect_column_min_to_be_between", "kwargs": {"column": "billing_row_agreement", "min_value": 0.85},
          "success": True, "observed_value": 0.9067796610169492}]}
     assert figures(result) == "n_semantic 1 (at most 0) ✗; billing_row_agreement 0.9068 (at least 0.85)"
+
+
+def test_a_plot_has_its_title_axis_names_with_units_and_a_caption_and_a_loss_axis_that_spans_the_data():
+    plot = {"path": "plots/train_loss.json", "x": "step", "y": "loss", "stage": "train", "title": "Drafter training loss",
+            "x_label": "optimizer step", "y_label": "loss (nats)"}
+    spec = report.vega_spec(plot, ["step", "loss"], [{"step": s, "loss": 26.7 - s} for s in range(5)])
+    enc = spec["layer"][0]["encoding"]
+    assert spec["title"] == "Drafter training loss"
+    assert (enc["x"]["title"], enc["y"]["title"], enc["y"]["scale"]) == ("optimizer step", "loss (nats)", {"zero": False})
+    assert report.caption(plot) == "Drafter training loss: loss (nats) by optimizer step, written by stage train. Data:"

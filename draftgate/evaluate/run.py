@@ -135,6 +135,7 @@ def summarise(run: Run, k: int, samples: int, seed: int) -> dict[str, Any]:
         "acceptance_length": stats.acceptance_length(steps),
         "ci95": {"low": lo, "high": hi},
         "per_position": {str(i): r for i, r in enumerate(stats.per_position(steps, k), start=1)},
+        "per_position_all": {str(i): r for i, r in enumerate(stats.per_position_all(steps, k), start=1)},
         "vllm_acceptance_length": stats.vllm_acceptance_length(steps),
         "accepted_fraction": stats.accepted_fraction(steps),
         "verify_forwards": sum(len(d.emitted) for d in run.outputs),

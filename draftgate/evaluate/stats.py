@@ -49,6 +49,17 @@ def per_position(runs: Sequence[PromptSteps], k: int) -> list[float]:
     return rates
 
 
+def per_position_all(runs: Sequence[PromptSteps], k: int) -> list[float]:
+    """Rate at which draft position i (1..k) is accepted, over every verify step: the same
+    denominator for every proposer, so an n-gram proposer that drafts on few steps is not drawn
+    above a drafter that drafts on all (per_position's rates are over the steps that drafted).
+    Their sum plus 1 is the acceptance length before the stop cut."""
+    steps = sum(len(r.drafted) for r in runs)
+    if steps == 0:
+        return [float("nan")] * k
+    return [sum(1 for r in runs for a in r.accepted if a >= i) / steps for i in range(1, k + 1)]
+
+
 def accepted_fraction(runs: Sequence[PromptSteps]) -> float:
     """Draft tokens accepted / draft tokens proposed."""
     drafted = sum(sum(r.drafted) for r in runs)

@@ -130,6 +130,8 @@ def vega_spec(plot: dict, fields: list[str], rows: list[dict]) -> dict | None:
         ticks = sorted({int(v[x]) for v in values})
         x_enc["axis"] = {"values": ticks} if len(ticks) <= 20 else {"format": "d", "tickMinStep": 1}
     y_enc = {"field": y_field, "type": "quantitative", "title": plot.get("y_label") or (ys[0] if len(ys) == 1 else "value")}
+    if not bars:    # a loss falling from 26 to 20 drawn from 0 looks flat: the axis spans the data
+        y_enc["scale"] = {"zero": False}
     enc: dict[str, Any] = {"x": x_enc, "y": y_enc}
     if series:
         enc["color"] = {"field": series, "type": "nominal", "title": series}
@@ -143,6 +145,13 @@ def vega_spec(plot: dict, fields: list[str], rows: list[dict]) -> dict | None:
     return {"$schema": "https://vega.github.io/schema/vega-lite/v5.json",
             "title": str(plot.get("title") or plot["path"]), "width": 560, "height": 240,
             "data": {"values": values}, "transform": transform, "layer": layers}
+
+
+def caption(plot: dict) -> str:
+    """What the chart shows, from its dvc.yaml definition: its axes and the stage that drew it."""
+    x, y = plot.get("x_label") or plot.get("x") or "row", plot.get("y_label") or plot.get("y") or "value"
+    by = f", written by stage {plot['stage']}" if plot.get("stage") else ""
+    return f"{plot.get('title') or plot['path']}: {y} by {x}{by}. Data:"
 
 
 def render_svg(spec: dict) -> str:
@@ -245,8 +254,8 @@ def build_page(root: Path, out: Path, with_experiments: bool = True, db: Path | 
             continue
         spec = vega_spec(plot, *read_plot(path))
         chart = render_svg(spec) if spec else f'<p class="muted">{html.escape(plot["path"])}: no numeric data to draw</p>'
-        parts.append(f'<div class=plot>{chart}'
-                     f'<br><a href="{_rel(path, page_dir)}">{html.escape(plot["path"])}</a></div>')
+        parts.append(f'<figure class=plot>{chart}<figcaption>{html.escape(caption(plot))} '
+                     f'<a href="{_rel(path, page_dir)}">{html.escape(plot["path"])}</a></figcaption></figure>')
 
     parts.append("<h2>Audit</h2>")
     revs = collect_all(root, with_experiments)
