@@ -166,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.io import write_json
 
     write_json(a.out, summary)
-    return 0
+    from bench.targets import verdict
+
+    return verdict("client", summary.get("targets_met", {}))
 
 
 def _median(name: str, rs: list[dict]) -> dict:

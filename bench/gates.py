@@ -315,7 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     write_json(out, results)
     print(f"wrote {out}")
-    return 0 if all(results["agree"].values()) and results["figures_agree"] else 1
+    if not (all(results["agree"].values()) and results["figures_agree"]):
+        return 1
+    from bench.targets import verdict
+
+    return verdict("gates", results["targets"])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@
 - encode_batch:   the same completion strings through the Rust core's `encode_batch` in one call
                   (the limit for an HF tokenizer, on every core), and its `encode_batch_fast`.
 - tiktoken:       the same strings through tiktoken's native `encode_ordinary_batch` (8 threads).
-Targets: ours >= 3x the per-row loop and >= 0.7x encode_batch. The methods take turns, repeat
+Targets: ours >= 3x the per-row loop and >= 0.7x tiktoken's batch (`make bench` fails below either). The methods take turns, repeat
 after repeat, in one process on the same rows, so the ratios hold on a busy machine even when
 absolute times drift; the best of the repeats counts. Ours encodes on a thread per core or on
 one, whichever it measures faster (tokenizers.ThreadChoice; the split is recorded).
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_s": {k: round(n_tokens / v) for k, v in results.items()},
         "speedup_of_ours": {k: round(v, 2) for k, v in ratios.items()},
         "targets": {"vs_per_row_loop >= 3": ratios["vs_per_row_loop"] >= 3,
-                    "vs_encode_batch >= 0.7": ratios["vs_encode_batch"] >= 0.7},
+                    "vs_tiktoken >= 0.7": ratios["vs_tiktoken"] >= 0.7},
         "correctness": {"rows_compared": sum(not x for x in literal), "equal_to_full_string_encode": agree,
                         "prompts_equal_to_engine_encode": prompt_agree,
                         "kept": table.column("quarantine_reason").to_pylist().count(None),
@@ -203,9 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at start {load:.1f} on {os.cpu_count()} cpus; ours' encode calls by thread "
           f"count: {dict(sorted(tokenizers.ENCODE_THREADS.used.items()))}")
     print(f"wrote {args.out}")
-    # Exit 1 only on a wrong result; targets are reported (timings on a shared machine vary).
+    # A wrong result fails first; then a missed target (run it on a quiet machine: the ratios are
+    # of one run, but a busy core slows ours' threads more than the one-thread loop).
     ok = agree == report["correctness"]["rows_compared"] and prompt_agree == args.rows
-    return 0 if ok and not res.counts["quarantine"] else 1
+    if not ok or res.counts["quarantine"]:
+        print("reconstruct: WRONG RESULT (ids differ from the reference encodes, or rows quarantined)", file=sys.stderr)
+        return 1
+    from bench.targets import verdict
+
+    return verdict("reconstruct", report["targets"])
 
 
 if __name__ == "__main__":

@@ -174,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
 
     write_json(a.out, {"sizes": list(a.sizes), "cpus": os.cpu_count(), "results": results, "ratios": ratios,
                        "targets_met": met})
-    return 0
+    from bench.targets import verdict
+
+    return verdict("scale", met)
 
 
 if __name__ == "__main__":

@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     results["load_average"] = os.getloadavg()[0]
     write_json(args.out, results)
     print(f"wrote {args.out}")
-    return 0
+    from bench.targets import verdict
+
+    return verdict("train", {f"{mode}_ratio_ge_0.8": m["ratio"] >= 0.8 for mode, m in results["modes"].items()})
 
 
 if __name__ == "__main__":
