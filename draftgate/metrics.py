@@ -2,7 +2,9 @@
 
 Every stage writes them through `StageMetrics.write(path)` as two files:
 - `metrics/<stage>.json`, a DVC metric: the numbers only (counts, rates, figures, flags), so
-  `dvc metrics show` prints a table of figures, not text;
+  `dvc metrics show` prints a table of figures, not text; and of those, only what describes the
+  data: wall-clock, throughput and how the run went (RUN_FIGURES) change on every run and would
+  fill `dvc metrics diff` and `dvc exp show --only-changed` with noise;
 - `metrics/<stage>.details.json` beside it (details_path): everything, the text included (resolved
   params, names, hashes, examples, lists).
 """
@@ -10,12 +12,20 @@ Every stage writes them through `StageMetrics.write(path)` as two files:
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from draftgate.io import write_json
+
+
+# Figures about the run, not the data: wall-clock and throughput (elapsed_s, tokens_per_s, a
+# phase's seconds), the machine's shape (world_size, threads) and how a rerun resumed or retried.
+# Kept in the details only.
+RUN_FIGURES = re.compile(r"(_s|_per_s|^seconds|^world_size|^threads|^resumed_\w+|^computed_shards|^removed_\w+"
+                         r"|^forward_batches|^pauses_429|^refused_retries|^lost_attempts|^reservations)$")
 
 
 @dataclass
@@ -46,7 +56,7 @@ class StageMetrics:
         the next stage read) never stands without them."""
         full = self.to_dict()
         write_json(details_path(path), full)
-        write_json(path, numbers({k: v for k, v in full.items() if k != "params"}))
+        write_json(path, numbers({k: v for k, v in full.items() if k != "params"}, RUN_FIGURES))
 
 
 def details_path(path: str | Path) -> Path:
@@ -55,16 +65,19 @@ def details_path(path: str | Path) -> Path:
     return path.with_name(f"{path.stem}.details.json")
 
 
-def numbers(value: dict) -> dict:
-    """The numeric part of a JSON object: ints, finite floats and booleans, nested objects kept.
+def numbers(value: dict, leave_out: re.Pattern | None = None) -> dict:
+    """The numeric part of a JSON object: ints, finite floats and booleans, nested objects kept;
+    keys matching `leave_out` left out at any depth.
 
     Text, lists and nulls are left out (DVC prints text as columns, and skips lists anyway). An
     object that held only text disappears; an empty one (no drops yet) stays as it was.
     """
     out = {}
     for key, v in value.items():
+        if leave_out is not None and leave_out.search(str(key)):
+            continue
         if isinstance(v, dict):
-            inner = numbers(v)
+            inner = numbers(v, leave_out)
             if inner or not v:
                 out[key] = inner
         elif isinstance(v, (bool, int)) or isinstance(v, float) and math.isfinite(v):

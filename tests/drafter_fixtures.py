@@ -65,7 +65,8 @@ def curve(path: Path) -> list[dict]:
 
 
 def metrics(out: Path) -> dict:
-    return json.loads((out / "metrics" / "train.json").read_text())
+    # The details: everything, the run's own figures (world_size, a resumed step) too (draftgate/metrics.py).
+    return json.loads((out / "metrics" / "train.details.json").read_text())
 
 
 _CACHE: dict = {}

@@ -63,7 +63,8 @@ def stage_args(work: Path, out: Path, params: Path) -> list[str]:
 def metrics_of(out: Path) -> dict:
     import json
 
-    return json.loads((out.parent / (out.name + "-metrics") / "hidden.json").read_text())
+    # The details: everything, the run's own figures (throughput, resumed shards) too (draftgate/metrics.py).
+    return json.loads((out.parent / (out.name + "-metrics") / "hidden.details.json").read_text())
 
 
 def write_tokens(path: Path, rows: list[dict]) -> Path:

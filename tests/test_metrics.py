@@ -40,3 +40,19 @@ def test_the_metric_file_holds_the_numbers_and_the_details_file_everything(tmp_p
 def test_numbers_keep_an_empty_count_and_drop_objects_of_text_only():
     assert numbers({"drops_by_reason": {}, "official": {"source": "x.gguf"}, "n": 3, "xs": [1, 2], "none": None}) \
         == {"drops_by_reason": {}, "n": 3}
+
+
+def test_the_runs_own_figures_stay_out_of_the_dvc_metric_and_in_the_details(tmp_path):
+    # Wall-clock, throughput and how a rerun resumed change on every run: in the metric they
+    # would fill `dvc metrics diff` and `dvc exp show --only-changed` with noise.
+    from draftgate.metrics import StageMetrics
+
+    m = StageMetrics("hidden", 4, 4, figures={"tokens": 100, "elapsed_s": 3.2, "tokens_per_s": 31.2,
+                                               "world_size": 2, "resumed_shards": 1, "bytes_per_token": 4608,
+                                               "phases": {"base": {"seconds": 1.5, "tokens": 90}}})
+    m.write(tmp_path / "hidden.json")
+    metric = json.loads((tmp_path / "hidden.json").read_text())
+    details = json.loads((tmp_path / "hidden.details.json").read_text())
+    assert metric == {"rows_in": 4, "rows_out": 4, "dropped": 0, "drops_by_reason": {}, "tokens": 100,
+                      "bytes_per_token": 4608, "phases": {"base": {"tokens": 90}}}
+    assert (details["elapsed_s"], details["world_size"], details["phases"]["base"]["seconds"]) == (3.2, 2, 1.5)
