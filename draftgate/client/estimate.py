@@ -4,7 +4,8 @@ Prompt tokens are counted with the configured tokenizer (message texts + tools J
 tokens per message for the chat template) when it loads, else approximated as characters / 4 and
 labelled so. Completion tokens: `max_tokens` per prompt as the upper bound, and `--fill` of it as a
 typical run. Wall time: waves of `concurrency` requests, each taking `--ttft-s` plus the typical
-completion at `--decode-tok-s` per request.
+completion at `--decode-tok-s` per request. `--prompts N` plans a run of N prompts: the prompt
+tokens per prompt are measured on the table (a sample of what you will send) and scaled to N.
 """
 
 from __future__ import annotations
@@ -60,11 +61,18 @@ def count_prompt_tokens(prompts: list[Prompt], tokenizer: Any | None, why_not: s
 
 
 def estimate(prompts: list[Prompt], gp: Any, tokenizer: Any | None, why_not: str = "",
-             fill: float = 0.5, ttft_s: float = 1.0, decode_tok_s: float = 50.0) -> Estimate:
+             fill: float = 0.5, ttft_s: float = 1.0, decode_tok_s: float = 50.0,
+             n: int | None = None) -> Estimate:
+    """`n`: plan for n prompts, the prompt tokens scaled from `prompts` (a sample); None: `prompts` itself."""
     from draftgate.client.budget import price_of
 
-    n = len(prompts)
     prompt_tokens, method = count_prompt_tokens(prompts, tokenizer, why_not)
+    if n is not None:
+        if not prompts:
+            raise ValueError("the prompts table holds no prompts to measure a plan on")
+        prompt_tokens, method = round(prompt_tokens * n / len(prompts)), f"{method}, scaled from {len(prompts):,} prompts"
+    else:
+        n = len(prompts)
     max_c = n * gp.max_tokens
     typ_c = round(max_c * fill)
     waves = math.ceil(n / max(gp.concurrency, 1))
@@ -101,10 +109,20 @@ def render(e: Estimate) -> str:
     return text
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: --prompts takes a count of prompts, e.g. --prompts 100000 "
+                                         "(the prompts table is --table PATH)")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="draftgate estimate", description=__doc__.splitlines()[0])
     p.add_argument("--params", default="params.yaml")
-    p.add_argument("--prompts", default="data/prompts/prompts.parquet")
+    p.add_argument("--table", default="data/prompts/prompts.parquet",
+                   help="the prompts stage's table, read for the prompts' lengths (default %(default)s)")
+    p.add_argument("--prompts", type=_count, metavar="N",
+                   help="plan a run of N prompts, scaled from the table's (default: the table's, after generate.limit)")
     p.add_argument("--fill", type=float, default=0.5, help="typical fraction of max_tokens used (default 0.5)")
     p.add_argument("--ttft-s", type=float, default=1.0, help="assumed time to first token per request")
     p.add_argument("--decode-tok-s", type=float, default=50.0, help="assumed decode speed per request")
@@ -116,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         params = load_params(a.params)
-        prompts = select(read_prompts(a.prompts), params.generate.limit)
+        prompts = read_prompts(a.table)
+        prompts = prompts if a.prompts is not None else select(prompts, params.generate.limit)
     except (ParamsError, OSError, ValueError) as e:
         print(f"draftgate estimate: {e}", file=sys.stderr)
         return 2
@@ -127,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer = load_tokenizer(params.tokenizer)
         except Exception as e:  # any loader failure falls back to chars/4, and the output says why
             why_not = f"{type(e).__name__}: {str(e)[:120]}"
-    e = estimate(prompts, params.generate, tokenizer, why_not, a.fill, a.ttft_s, a.decode_tok_s)
+    try:
+        e = estimate(prompts, params.generate, tokenizer, why_not, a.fill, a.ttft_s, a.decode_tok_s, a.prompts)
+    except ValueError as err:
+        print(f"draftgate estimate: {a.table}: {err}; run the prompts stage on a sample first", file=sys.stderr)
+        return 2
     print(json.dumps(asdict(e), indent=2) if a.json else render(e))
     from draftgate.client.budget import budget_problem
 
