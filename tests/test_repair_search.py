@@ -235,6 +235,53 @@ def test_the_stage_function_repairs_text_rows_and_keeps_the_text_ids_beside_them
     assert metrics["quarantined_low_confidence"] == 1
 
 
+def test_float_noise_of_another_cpu_moves_no_byte_of_the_stage_table(lm, vocab):
+    """Another CPU (or thread count) sums the forward in another order: the scores move in their last
+    bits (up to 1.4e-5 nats on the demo). The table stores them on coarser grids, so equal decisions
+    give equal bytes and DVC reruns nothing downstream. The noise here is injected, not the machine's:
+    the head's logits scaled by 1 + 1e-6."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftgate import schema
+    from draftgate.repair.run import Request, run
+
+    def text_row(pid, case):
+        prompt, canon, truth = row(lm, vocab, case)
+        return {"prompt_id": pid, "input_ids": prompt + canon, "prompt_len": len(prompt), "completion_ids": canon,
+                "loss_mask": [0] * len(prompt) + [1] * len(canon), "method": "text", "n_completion": len(canon),
+                "billed_completion_tokens": len(truth), "billing_convention": "counts_end",
+                "billing_residual": len(canon) - len(truth)}
+    table = pa.Table.from_pylist([text_row("a", TRANSPOSE), text_row("b", CAPITALISE)], schema=schema.tokens())
+
+    def stage_bytes() -> tuple[bytes, list]:
+        out, _ = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, RepairParams()))
+        buf = io.BytesIO()
+        pq.write_table(out, buf)
+        return buf.getvalue(), out.to_pylist()
+
+    def raw_margin() -> float:
+        prompt, canon, truth = row(lm, vocab, TRANSPOSE)
+        return repaired(lm, vocab, prompt, canon, len(truth)).margin_runner_up
+
+    clean, rows = stage_bytes()
+    clean_margin = raw_margin()
+    head = lm.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, _inp, logits: logits * (1 + 1e-6))
+    try:
+        noisy, _ = stage_bytes()
+        noisy_margin = raw_margin()
+    finally:
+        hook.remove()
+    assert noisy_margin != clean_margin                # the noise reached the search's scores ...
+    assert abs(noisy_margin - clean_margin) < 1e-3
+    assert noisy == clean                              # ... and not the table's bytes
+    assert [r["repair_status"] for r in rows] == ["repaired", "repaired"]
+    assert all(r["repair_margin_runner_up"] == round(r["repair_margin_runner_up"], 2) for r in rows)
+
+
 def test_a_long_whitespace_run_stays_within_the_caps(lm, vocab):
     from draftgate.serve.model import smollm2_tokenizer
 

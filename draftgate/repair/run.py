@@ -27,14 +27,31 @@ COLUMNS = (
     ("repair_reason", "string", "kept: canonical | ambiguous | no_candidate | budget"),
     ("repair_no_bill", "bool_", "searched without a length constraint (no billed count or convention)"),
     ("repair_target_len", "int32", "the completion length the bill asks for under the convention"),
-    ("repair_margin_runner_up", "float64", "nats: the chosen tokenization over the runner-up"),
-    ("repair_margin_canonical", "float64", "nats: the chosen tokenization over the canonical encoding"),
-    ("repair_confidence", "float64", "the choice's posterior among every split of the text at the length (errs low)"),
+    ("repair_margin_runner_up", "float64", "nats (to 0.01): the chosen tokenization over the runner-up"),
+    ("repair_margin_canonical", "float64", "nats (to 0.01): the chosen tokenization over the canonical encoding"),
+    ("repair_confidence", "float64", "the choice's posterior among every split of the text at the length (errs low; to 0.001)"),
     ("repair_candidates", "int32", "windows scored"),
     # Fractional: a batched first pass is shared out over its rows (search.search_rows).
     ("repair_forwards", "float64", "model passes (or engine requests) spent on the row"),
     ("repair_tokens_scored", "float64", "tokens those passes computed"),
 )
+
+
+# The scores are stored rounded to a grid far coarser than the forward's own float noise, so that a
+# table whose decisions are equal has equal bytes on any CPU and thread count, and DVC reruns nothing
+# downstream of it. Measured on the demo (118 searched rows, torch on 1 vs 2 threads, one AMD EPYC):
+# margins moved by up to 1.4e-5 nats (6e-7 relative: float32 sums of log-probabilities), confidences
+# by up to 7.6e-8. A value crosses a boundary of its grid with probability |move| / grid: summed over
+# the table, 9.4e-5 / 0.01 + 1.7e-7 / 0.001 = 0.0096 expected crossings, so about one rerun in a
+# hundred on another machine rewrites the table (then hidden and what follows rerun, as before). The
+# grids are finer than anything the stage decides on (rescore_margin 1 nat, confidence_nats 4) or a
+# reader compares (calibration in tenths). docs/reproducibility.md says what a user sees.
+MARGIN_DECIMALS = 2          # nats
+CONFIDENCE_DECIMALS = 3
+
+
+def _stored(x: float | None, decimals: int) -> float | None:
+    return None if x is None else round(x, decimals)
 
 
 def schema() -> Any:
@@ -106,6 +123,7 @@ def run(request: Request) -> tuple[Any, dict]:
         out = next(outs)
         if request.vocab.bytes_of(out.ids) != request.vocab.bytes_of(canon):
             raise AssertionError(f"row {row['prompt_id']}: the search changed the bytes (a bug in search.py)")
+        confidence = _stored(out.confidence, CONFIDENCE_DECIMALS)     # decided on as stored
         counts[out.status] += 1
         counts[f"reason_{out.reason}"] += out.reason is not None
         counts["no_bill"] += out.no_bill
@@ -117,13 +135,15 @@ def run(request: Request) -> tuple[Any, dict]:
             for k, v in enumerate(figures):
                 acc[k] += v
         row.update(repair_status=out.status, repair_reason=out.reason, repair_no_bill=out.no_bill,
-                   repair_target_len=out.target_len, repair_margin_runner_up=out.margin_runner_up,
-                   repair_margin_canonical=out.margin_canonical, repair_confidence=out.confidence,
+                   repair_target_len=out.target_len,
+                   repair_margin_runner_up=_stored(out.margin_runner_up, MARGIN_DECIMALS),
+                   repair_margin_canonical=_stored(out.margin_canonical, MARGIN_DECIMALS),
+                   repair_confidence=confidence,
                    repair_candidates=out.candidates,
                    repair_forwards=out.forwards, repair_tokens_scored=out.tokens)
         if out.status == "repaired":
-            expected += out.confidence or 0.0
-            if out.confidence is not None and out.confidence < p.min_confidence:
+            expected += confidence or 0.0
+            if confidence is not None and confidence < p.min_confidence:
                 # Kept in the table, repaired ids and all, for the audit; out of training.
                 row["quarantine_reason"] = "repair_low_confidence"
                 counts["low_confidence"] += 1
