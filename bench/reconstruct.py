@@ -15,8 +15,10 @@
 - tiktoken:       the same strings through tiktoken's native `encode_ordinary_batch` (8 threads).
 Targets: ours >= 3x the per-row loop and >= 0.7x tiktoken's batch (`make bench` fails below either). The methods take turns, repeat
 after repeat, in one process on the same rows, so the ratios hold on a busy machine even when
-absolute times drift; the best of the repeats counts. Ours encodes on a thread per core or on
-one, whichever it measures faster (tokenizers.ThreadChoice; the split is recorded).
+absolute times drift; the best of the repeats counts. Ours reconstructs chunks in worker
+processes, one per core (reconstruct/parallel.py), each encoding on one thread; on one core it
+runs in-process and encodes on a thread per core or on one, whichever it measures faster
+(tokenizers.ThreadChoice; the split is recorded: empty when the workers did every encode).
 Also checks correctness: our completion ids equal the full-string encode on every row whose text
 holds no literal special-token string, and our prompt ids equal the serving engine's encode of
 the rendered prompt. Prints a table; writes bench/results/reconstruct.json.

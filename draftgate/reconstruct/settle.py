@@ -2,9 +2,10 @@
 
 A billing convention is a property of the provider, so it is learned (or taken as declared)
 once over every row, not per chunk. While the chunks stream past, `BillingFacts` keeps per row
-only the ~35 bytes billing needs (numpy: provider code, lengths, bills, flags); `settle` then
-finds each provider's conventions (billing.settle_columns), every row's residuals and the
-summary, and marks billing mismatches for quarantine when asked; `with_settled` writes those
+only the ~35 bytes billing needs (numpy: provider code, lengths, bills, flags; `chunk_facts`,
+made wherever the chunk was reconstructed, in a worker process or not); `settle` then finds
+each provider's conventions (billing.settle_columns), every row's residuals and the summary,
+and marks billing mismatches for quarantine when asked; `with_settled` writes those
 columns into a slice of the table on the second pass.
 """
 
@@ -24,6 +25,31 @@ FLAGS = frozenset(f for f in FACTS if f.endswith("_known")) | {"ends_with_eos", 
                                                                 "prompt_exact"}
 
 
+@dataclass
+class ChunkFacts:
+    """One chunk's facts (`chunk_facts`): made where the chunk is reconstructed, a worker process
+    or not, and added to BillingFacts in chunk order."""
+    providers: list[str]        # provider keys in order of first sight in the chunk
+    columns: dict[str, Any]     # FACTS -> numpy array; provider_code indexes `providers`
+
+
+def chunk_facts(rows: list[dict]) -> ChunkFacts:
+    import numpy as np
+
+    providers: dict[str, int] = {}
+    codes = [providers.setdefault(billing.provider_key(r["provider"]), len(providers)) for r in rows]
+    return ChunkFacts(list(providers), {
+        "provider_code": np.array(codes, dtype=np.int32),
+        **_ints(rows, "n_completion", "completion_len"),
+        **_ints(rows, "billed_completion_tokens", "billed_completion"),
+        **_ints(rows, "prompt_len", "prompt_len"), **_ints(rows, "billed_prompt_tokens", "billed_prompt"),
+        "ends_with_eos": np.array([bool(r["ends_with_eos"]) for r in rows], dtype=bool),
+        "completion_exact": np.array([r["method"] in ("truth", "logprobs") for r in rows], dtype=bool),
+        "quarantined": np.array([r["quarantine_reason"] is not None for r in rows], dtype=bool),
+        "prompt_exact": np.array([bool(r.get(PROMPT_EXACT)) for r in rows], dtype=bool),
+    })
+
+
 class BillingFacts:
     """What billing needs of every reconstructed row, gathered chunk by chunk."""
 
@@ -31,20 +57,14 @@ class BillingFacts:
         self.providers: dict[str, int] = {}     # provider key -> code, in order of first sight
         self.chunks: list[dict[str, Any]] = []
 
-    def add(self, rows: list[dict]) -> None:
+    def add(self, chunk: ChunkFacts) -> None:
+        """The next chunk's facts, its provider codes renumbered to the table's: a code per key in
+        order of first sight over the chunks so far, as if every row were seen here."""
         import numpy as np
 
-        self.chunks.append({
-            "provider_code": np.array([self.providers.setdefault(billing.provider_key(r["provider"]),
-                                                                 len(self.providers)) for r in rows], dtype=np.int32),
-            **_ints(rows, "n_completion", "completion_len"),
-            **_ints(rows, "billed_completion_tokens", "billed_completion"),
-            **_ints(rows, "prompt_len", "prompt_len"), **_ints(rows, "billed_prompt_tokens", "billed_prompt"),
-            "ends_with_eos": np.array([bool(r["ends_with_eos"]) for r in rows], dtype=bool),
-            "completion_exact": np.array([r["method"] in ("truth", "logprobs") for r in rows], dtype=bool),
-            "quarantined": np.array([r["quarantine_reason"] is not None for r in rows], dtype=bool),
-            "prompt_exact": np.array([bool(r.get(PROMPT_EXACT)) for r in rows], dtype=bool),
-        })
+        codes = np.array([self.providers.setdefault(k, len(self.providers)) for k in chunk.providers],
+                         dtype=np.int32)
+        self.chunks.append({**chunk.columns, "provider_code": codes[chunk.columns["provider_code"]]})
 
     def take(self) -> dict[str, Any]:
         """Every row's facts as one array per fact (and the chunks let go)."""

@@ -1,12 +1,18 @@
 """Tables in, tables out: responses + prompts -> tokens and the mismatch report, in bounded memory.
 
 Rows go through `core.reconstruct` in chunks: ids live as Python lists only for one chunk, each
-chunk's Arrow table goes straight to a Parquet writer, and only a few scalar facts per row are
-kept (numpy) for billing, which is settled once over the whole table (settle.py: a convention is
-a property of the provider) and written in a second streaming pass over the part file. Prompts are
-read in step with the responses when the responses follow the prompts' order, as the generate
-stage writes them; otherwise they are looked up in memory. Prompt and completion ids are joined
-into `input_ids` in numpy, not as a Python list per row.
+chunk's Arrow table goes straight to a part file (Arrow IPC), and only a few scalar facts per row
+are kept (numpy) for billing, which is settled once over the whole table (settle.py: a convention
+is a property of the provider) and written in a second streaming pass over the part file into
+tokens.parquet. Prompts are read in step with the responses when the responses follow the
+prompts' order, as the generate stage writes them; otherwise they are looked up in memory. Prompt
+and completion ids are joined into `input_ids` in numpy, not as a Python list per row.
+
+With more than one usable CPU and more than one chunk, the chunks are reconstructed in forked
+worker processes (parallel.py) while the parent reads, looks up prompts and writes; their
+results are taken in chunk order, so the bytes written are the serial path's (`workers=1`).
+20,000 bench rows on 2 quiet cores: 4.3-4.6 s serial (its encode on 2 threads), 2.6-2.9 s with
+2 workers (1.6x), ~0.7 s of it in the parent (the final Parquet write ~0.35 s).
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from draftgate.config import BillingParams
+from draftgate.reconstruct import parallel
 from draftgate.reconstruct.core import EXAMPLES, PROMPT_IDS, Result, Setup, reconstruct
 from draftgate.reconstruct.logprobs import BytesIndex
-from draftgate.reconstruct.settle import BillingFacts, settle, with_settled
+from draftgate.reconstruct.settle import BillingFacts, ChunkFacts, chunk_facts, settle, with_settled
 
 # Rows per core.reconstruct call. Small enough that a chunk's id lists stay in cache and the
 # memory they free is reused by the next chunk (4096 rows cost ~15% more in page faults).
@@ -33,9 +40,11 @@ PROMPT_COLUMNS = ["prompt_id", "dataset", "messages", "tools", "split", "thinkin
 
 def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, setup: Setup,
                       on_billing_mismatch: str = "keep", billing_params: Any = None,
-                      chunk: int = CHUNK) -> tuple[Result, dict, int]:
+                      chunk: int = CHUNK, workers: int | None = None) -> tuple[Result, dict, int]:
     """Stream responses.parquet (+ prompts.parquet) into tokens.parquet; returns (counts,
-    billing summary, rows). The output appears whole or not at all (temp file + rename)."""
+    billing summary, rows). The output appears whole or not at all (temp file + rename).
+    `workers`: processes reconstructing chunks (None: parallel.workers, one per usable CPU;
+    1: the serial path, in this process); the output is the same either way."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -44,28 +53,48 @@ def reconstruct_files(responses_path: Path, prompts_path: Path, out_path: Path, 
 
     with _collector_paused():
         source = pq.ParquetFile(responses_path, pre_buffer=False)   # pre-buffering holds what it read (~170 B a row)
-        lookup = PromptsInStep(prompts_path)
-        first = _FirstPass(setup, lookup, _LazyIndex(setup))
+        if workers is None:
+            workers = parallel.workers(source.metadata.num_rows, chunk)
+        first = _FirstPass(setup, PromptsInStep(prompts_path), _LazyIndex(setup))
         part = Path(out_path).with_name(f".{Path(out_path).name}.part")
         part.parent.mkdir(parents=True, exist_ok=True)
         try:
-            # The part file is read once, right after: written raw (no compression, dictionary or
-            # statistics), which the final file's bytes do not see.
-            with pq.ParquetWriter(part, schema.tokens(), compression="none", use_dictionary=False,
-                                  write_statistics=False) as w:
-                for t in first.run(source.iter_batches(batch_size=chunk)):
+            # The part file is read once, right after: Arrow IPC, uncompressed (writing and
+            # reading it back cost ~0.07 s for 20,000 bench rows, raw Parquet ~0.45 s).
+            with pa.OSFile(str(part), "wb") as f, pa.ipc.new_stream(f, schema.tokens()) as w:
+                for t in first.run(source.iter_batches(batch_size=chunk), workers):
                     w.write_table(t)
             settled, summary = settle(first.facts, billing_params or BillingParams(), on_billing_mismatch,
                                       first.total)
-            with atomic_path(out_path) as tmp, pq.ParquetWriter(tmp, schema.tokens()) as w:
+            with atomic_path(out_path) as tmp, pq.ParquetWriter(tmp, schema.tokens()) as w, \
+                    pa.memory_map(str(part)) as f:
                 offset = 0
-                for batch in pq.ParquetFile(part, pre_buffer=False).iter_batches(batch_size=8 * chunk):
-                    t = with_settled(pa.Table.from_batches([batch]), settled, offset, first.total)
+                # Row groups of 8 chunks, as the Parquet writer is given them.
+                for t in _regrouped(pa.ipc.open_stream(f), 8 * chunk):
+                    t = with_settled(t, settled, offset, first.total)
                     w.write_table(t)
                     offset += t.num_rows
         finally:
             part.unlink(missing_ok=True)
         return first.total, summary, offset
+
+
+def _regrouped(batches: Iterable[Any], size: int) -> Iterator[Any]:
+    # Tables of `size` rows (the last: the rest) from record batches of any sizes, one contiguous
+    # chunk per column.
+    import pyarrow as pa
+
+    held, n = [], 0
+    for b in batches:
+        while b.num_rows:
+            take = min(size - n, b.num_rows)
+            held.append(b.slice(0, take))
+            n, b = n + take, b.slice(take)
+            if n == size:
+                yield pa.Table.from_batches(held).combine_chunks()
+                held, n = [], 0
+    if held:
+        yield pa.Table.from_batches(held).combine_chunks()
 
 
 class PromptsInStep:
@@ -121,20 +150,49 @@ class _FirstPass:
         self.total = Result([])
         self.facts = BillingFacts()
 
-    def run(self, batches: Iterable[Any]) -> Iterator[Any]:
-        for batch in batches:
-            rows = batch.to_pylist()
-            res = reconstruct(rows, self.lookup([r["prompt_id"] for r in rows]), self.setup, self.index,
-                              joined=False)
-            t = to_arrow(res.rows)
-            self.facts.add(res.rows)
+    def run(self, batches: Iterable[Any], workers: int = 1) -> Iterator[Any]:
+        if workers < 2:
+            done: Iterable[tuple[Any, Result, ChunkFacts]] = (
+                reconstruct_chunk(rows, self.lookup([r["prompt_id"] for r in rows]), self.setup, self.index)
+                for rows in (batch.to_pylist() for batch in batches))
+            yield from self._taken(done)
+            return
+        with parallel.Pool(workers, (self.setup, self.index)) as pool:
+            done = ((parallel.from_ipc(t), res, facts)
+                    for t, res, facts in pool.imap(_chunk_in_worker, self._tasks(batches)))
+            yield from self._taken(done)
+
+    def _taken(self, done: Iterable[tuple[Any, Result, ChunkFacts]]) -> Iterator[Any]:
+        # In chunk order: codes, counts and examples come out as the serial path makes them.
+        for t, res, facts in done:
+            self.facts.add(facts)
             _merge(self.total, res)
             yield t
+
+    def _tasks(self, batches: Iterable[Any]) -> Iterator[tuple[bytes, dict]]:
+        # A chunk's responses as IPC bytes (the worker makes the rows) and the prompt rows it needs.
+        for batch in batches:
+            wanted = dict.fromkeys(batch.column("prompt_id").to_pylist())
+            held = self.lookup(list(wanted))
+            yield parallel.to_ipc(batch), {p: held[p] for p in wanted if p in held}
+
+
+def reconstruct_chunk(rows: list[dict], prompts: dict, setup: Setup, index: Any) -> tuple[Any, Result, ChunkFacts]:
+    """One chunk: its tokens table, its counts and examples (no rows), its billing facts."""
+    res = reconstruct(rows, prompts, setup, index, joined=False)
+    t, facts = to_arrow(res.rows), chunk_facts(res.rows)
+    res.rows = []
+    return t, res, facts
+
+
+def _chunk_in_worker(state: tuple[Setup, Any], responses: bytes, prompts: dict) -> tuple[bytes, Result, ChunkFacts]:
+    t, res, facts = reconstruct_chunk(parallel.from_ipc(responses).to_pylist(), prompts, *state)
+    return parallel.to_ipc(t), res, facts
 
 
 class _LazyIndex:
     """The logprob-bytes index, built on first use (~1 s for 151k ids): only rows with logprobs
-    and no truth ids need it."""
+    and no truth ids need it. Worker processes inherit it unbuilt and build their own."""
 
     def __init__(self, setup: Setup):
         self._setup, self._index = setup, None

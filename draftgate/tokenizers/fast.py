@@ -72,8 +72,16 @@ class ThreadChoice:
         self.cost: dict[int, float] = {}    # threads -> seconds per character, moving average
         self.calls = 0
         self.used: Counter[int] = Counter()  # threads -> calls (the benchmark reports it)
+        self.pinned: int | None = None      # pin(): this count always, nothing measured
+
+    def pin(self, threads: int) -> None:
+        """Always `threads`, whatever the timings say: a worker process of a pool whose processes
+        are the parallelism (reconstruct/parallel.py) encodes on its own thread only."""
+        self.pinned = threads
 
     def pick(self, cpus: int) -> int:
+        if self.pinned is not None:
+            return self.pinned
         many = min(cpus, 8)
         if many < 2:
             return 1
