@@ -49,3 +49,13 @@ def kimi_standin_tok(qwen3_tok):
     from standin import kimi_standin
 
     return kimi_standin(qwen3_tok)
+
+
+# The end-to-end repro file runs first. xdist's --dist loadfile hands whole files to the workers in
+# collection order: collected in name order, this ~4-minute file started near the end and ran on
+# one worker while the other sat idle.
+FIRST = ("test_pipeline.py",)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in FIRST)     # stable: the rest keep their order

@@ -1,6 +1,7 @@
 """End to end: `dvc repro` on a throwaway copy of this repository, with the real stack.
 
-Small generation settings keep it to about a minute on 2 cores; everything else is the default.
+Small generation settings keep the repro to about four minutes on 2 cores; everything else is the default.
+conftest.py schedules this file first (xdist hands out whole files).
 """
 
 from __future__ import annotations
@@ -184,29 +185,3 @@ def test_a_corrupted_tokens_table_fails_its_gate(small_repo):
     # Rows the model stopped on lack their end token; every row's length no longer matches its bill.
     assert gate(small_repo, "tokens")["success"] is False
     assert {"kept_without_end_token", "billing_row_agreement"} <= failed
-
-
-def test_a_wrong_configured_special_id_stops_the_pipeline_at_the_contract_gate(tmp_path):
-    repo = copy_repo(tmp_path)
-    # The seed run's bug in miniature: an id that is an ordinary token, configured for <|im_end|>.
-    tok = yaml.safe_load((repo / "params.yaml").read_text())["tokenizer"]
-    set_params(repo, tokenizer={**tok, "expected_ids": {"<|im_end|>": 1000}})
-    out = run(["dvc", "repro"], repo, check=False)
-    assert out.returncode != 0
-    assert gate(repo, "contract")["success"] is False
-    assert "expected" in json.dumps(json.loads((repo / "data" / "contract" / "contract.json").read_text()))
-    assert not (repo / "data" / "prompts").exists()
-
-
-def test_a_failed_gate_stops_repro_before_the_next_stage(tmp_path):
-    repo = copy_repo(tmp_path)
-    # One unusable record, and a gate that tolerates no rejects.
-    with open(repo / "data" / "raw" / "chat.jsonl", "a") as f:
-        f.write('{"messages": [{"role": "narrator", "content": "hi"}]}\n')
-    set_params(repo, gates={**yaml.safe_load((repo / "params.yaml").read_text())["gates"],
-                            "prompts": {"max_rejects_rate": 0.0, "min_heldout_fraction": 0.03,
-                                        "max_heldout_fraction": 0.25}})
-    out = run(["dvc", "repro"], repo, check=False)
-    assert out.returncode != 0
-    assert gate(repo, "prompts")["success"] is False
-    assert not (repo / "data" / "responses" / "responses.parquet").exists()
