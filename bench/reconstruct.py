@@ -1,6 +1,6 @@
 """Benchmark: reconstructing 20,000 synthetic responses (real Qwen3 tokenizer) vs the baselines.
 
-    .venv/bin/python bench/reconstruct.py [--rows 20000] [--seed 0] [--repeats 2]
+    .venv/bin/python bench/reconstruct.py [--rows 20000] [--seed 0] [--repeats 3]
 
 - ours:           draftgate.reconstruct.table.reconstruct_files: the stage's whole job, Parquet in
                   and out (responses + prompts read, tokens.parquet written). Normalise, render prompt and completion, one ordinary encode of every
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "reconstruct.json")
     args = ap.parse_args(argv)
 

@@ -248,38 +248,31 @@ def test_float_noise_of_another_cpu_moves_no_byte_of_the_stage_table(lm, vocab):
     from draftgate import schema
     from draftgate.repair.run import Request, run
 
-    def text_row(pid, case):
-        prompt, canon, truth = row(lm, vocab, case)
-        return {"prompt_id": pid, "input_ids": prompt + canon, "prompt_len": len(prompt), "completion_ids": canon,
-                "loss_mask": [0] * len(prompt) + [1] * len(canon), "method": "text", "n_completion": len(canon),
-                "billed_completion_tokens": len(truth), "billing_convention": "counts_end",
-                "billing_residual": len(canon) - len(truth)}
-    table = pa.Table.from_pylist([text_row("a", TRANSPOSE), text_row("b", CAPITALISE)], schema=schema.tokens())
+    prompt, canon, truth = row(lm, vocab, TRANSPOSE)
+    table = pa.Table.from_pylist([{
+        "prompt_id": "a", "input_ids": prompt + canon, "prompt_len": len(prompt), "completion_ids": canon,
+        "loss_mask": [0] * len(prompt) + [1] * len(canon), "method": "text", "n_completion": len(canon),
+        "billed_completion_tokens": len(truth), "billing_convention": "counts_end",
+        "billing_residual": len(canon) - len(truth)}], schema=schema.tokens())
 
-    def stage_bytes() -> tuple[bytes, list]:
+    def stage() -> tuple[bytes, list[float]]:
+        scored = HFScorer(lm.model, SAMPLING).score(prompt + truth, len(prompt))
         out, _ = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, RepairParams()))
         buf = io.BytesIO()
         pq.write_table(out, buf)
-        return buf.getvalue(), out.to_pylist()
+        return buf.getvalue(), list(scored.logprobs)
 
-    def raw_margin() -> float:
-        prompt, canon, truth = row(lm, vocab, TRANSPOSE)
-        return repaired(lm, vocab, prompt, canon, len(truth)).margin_runner_up
-
-    clean, rows = stage_bytes()
-    clean_margin = raw_margin()
-    head = lm.model.get_output_embeddings()
-    hook = head.register_forward_hook(lambda _m, _inp, logits: logits * (1 + 1e-6))
+    clean, clean_scores = stage()
+    hook = lm.model.get_output_embeddings().register_forward_hook(lambda _m, _inp, logits: logits * (1 + 1e-6))
     try:
-        noisy, _ = stage_bytes()
-        noisy_margin = raw_margin()
+        noisy, noisy_scores = stage()
     finally:
         hook.remove()
-    assert noisy_margin != clean_margin                # the noise reached the search's scores ...
-    assert abs(noisy_margin - clean_margin) < 1e-3
+    moved = [abs(a - b) for a, b in zip(clean_scores, noisy_scores)]
+    assert 0 < max(moved) < 1e-3                       # the noise reached the target's scores ...
     assert noisy == clean                              # ... and not the table's bytes
-    assert [r["repair_status"] for r in rows] == ["repaired", "repaired"]
-    assert all(r["repair_margin_runner_up"] == round(r["repair_margin_runner_up"], 2) for r in rows)
+    [r] = pq.read_table(io.BytesIO(clean)).to_pylist()
+    assert r["repair_status"] == "repaired" and r["repair_margin_runner_up"] == round(r["repair_margin_runner_up"], 2)
 
 
 def test_a_long_whitespace_run_stays_within_the_caps(lm, vocab):
