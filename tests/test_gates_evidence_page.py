@@ -29,7 +29,7 @@ from draftgate.templates.probes import PROBES
 from draftgate.templates.shapes import covering_corpus
 from reconstruct_fixtures import reconstruct_tables
 from test_official import SUITE as TEMPLATE_SUITE
-from test_reconstruct_gate import gate, names, prompt, resp, served_prompt, tables
+from test_reconstruct_gate import gate, greetings, names, tables
 
 WHEN = dt.datetime(2026, 12, 2, 1, 0, tzinfo=dt.timezone.utc)
 
@@ -57,10 +57,7 @@ def tokens_gate(tmp_path_factory, qwen3_tok):
     prompt says "system" where the backend served "user", and p0 was billed one token more."""
     tmp = tmp_path_factory.mktemp("tokens")
     tok, ids = qwen3_tok, names(qwen3_tok, "qwen3")
-    texts = ["Hello!", "Hi there.", "Hello, world."]
-    rows = [resp(f"p{k}", t, tok.encode(t + "<|im_end|>"), len(tok.encode(t + "<|im_end|>")),
-                 served_prompt(tok, "qwen3", f"p{k}")) for k, t in enumerate(texts)]
-    responses, prompts = tables(rows, [prompt(f"p{k}") for k in range(3)])
+    responses, prompts = tables(*greetings(tok))
     table, _, _ = reconstruct_tables(responses, prompts, Setup(tok, get_template("qwen3"), ids, False))
     [there], [here] = tok.encode_ordinary(" there"), tok.encode_ordinary(" here")
     [user], [system] = tok.encode_ordinary("user"), tok.encode_ordinary("system")

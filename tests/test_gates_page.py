@@ -22,7 +22,7 @@ from draftgate.reconstruct.core import Setup
 from draftgate.templates import get_template
 from reconstruct_fixtures import reconstruct_tables
 from draftgate.contract import template_roles, vocab_table
-from test_reconstruct_gate import THRESHOLDS, names, prompt, resp, served_prompt, tables
+from test_reconstruct_gate import THRESHOLDS, greetings, names, tables
 
 SUITE = Path(__file__).resolve().parents[1] / "expectations" / "tokens.json"
 DVC_YAML = {"stages": {
@@ -46,10 +46,7 @@ def drill(tmp_path_factory, qwen3_tok):
 
     root = tmp_path_factory.mktemp("drill")
     tok, ids = qwen3_tok, names(qwen3_tok, "qwen3")
-    texts = ["Hello!", "Hi there.", "Hello, world."]
-    rows = [resp(f"p{k}", t, tok.encode(t + "<|im_end|>"), len(tok.encode(t + "<|im_end|>")),
-                 served_prompt(tok, "qwen3", f"p{k}")) for k, t in enumerate(texts)]
-    responses, prompts = tables(rows, [prompt(f"p{k}") for k in range(3)])
+    responses, prompts = tables(*greetings(tok))
     table, _, _ = reconstruct_tables(responses, prompts, Setup(tok, get_template("qwen3"), ids, False))
     for d in ("data/tokens", "data/gates", "data/responses", "data/contract", "data/prompts"):
         (root / d).mkdir(parents=True)

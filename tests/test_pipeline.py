@@ -69,9 +69,11 @@ def gate(repo: Path, name: str) -> dict:
 def small_repo(tmp_path_factory) -> Path:
     repo = copy_repo(tmp_path_factory.mktemp("repo"))
     set_params(repo, generate={"limit": 12, "max_tokens": 24})
-    # The same for speculative decoding: 16 new tokens per held-out prompt (eval and gate_eval
+    # The same for speculative decoding: 8 new tokens per held-out prompt (eval and gate_eval
     # decode them at about a second per verify step on 2 cores; 64 made them 110 s of the run).
-    set_params(repo, eval={"max_new_tokens": 16})
+    set_params(repo, eval={"max_new_tokens": 8, "bootstrap_samples": 200})
+    # The seeded corpus's breadth is tests/test_contract_corpus.py's; here the contract only has to run.
+    set_params(repo, contract={"corpus_size": 60})
     # 24 new tokens truncate nearly every answer: fine for plumbing, not what the gate defaults expect.
     gates = yaml.safe_load((repo / "params.yaml").read_text())["gates"]
     gates["responses"]["max_length_rate"] = 1.0

@@ -95,14 +95,20 @@ def names(tok, template):
     return {n: tok.token_id(n) for n in get_template(template).special_names}
 
 
-@pytest.fixture()
-def good_rows(qwen3_tok):
+def greetings(tok) -> tuple[list[dict], list[dict]]:
+    """Three sound Qwen3 rows, truth ids and agreeing bills (p0..p2), with their prompts: the rows
+    the gate tests here and the page drills (test_gates_page, test_gates_evidence_page) start from."""
     texts = ["Hello!", "Hi there.", "Hello, world."]
     rows = []
     for k, text in enumerate(texts):
-        truth = qwen3_tok.encode(text + "<|im_end|>")
-        rows.append(resp(f"p{k}", text, truth, len(truth), served_prompt(qwen3_tok, "qwen3", f"p{k}")))
+        truth = tok.encode(text + "<|im_end|>")
+        rows.append(resp(f"p{k}", text, truth, len(truth), served_prompt(tok, "qwen3", f"p{k}")))
     return rows, [prompt(f"p{k}") for k in range(len(texts))]
+
+
+@pytest.fixture()
+def good_rows(qwen3_tok):
+    return greetings(qwen3_tok)
 
 
 def test_sound_exact_rows_with_agreeing_bills_pass_the_gate(tmp_path, qwen3_tok, good_rows):
