@@ -35,7 +35,7 @@ repro: setup
 # The interop tests run here too (DRAFTGATE_INTEROP=required: a missing side environment fails,
 # never skips), so one pytest run checks everything.
 test: setup interop
-	DRAFTGATE_INTEROP=required $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+	DRAFTGATE_INTEROP=required $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 
 $(ISTAMP): interop/requirements.txt
 	test -x $(IPY) || python3 -m venv $(IVENV)

@@ -49,20 +49,3 @@ def kimi_standin_tok(qwen3_tok):
     from standin import kimi_standin
 
     return kimi_standin(qwen3_tok)
-
-
-# The longest files run first. xdist's --dist loadfile hands whole files to the workers in
-# collection order: collected in name order, the ~4-minute end-to-end repro started near the end
-# and ran on one worker while the other sat idle. Longest first (then the rest in name order) leaves
-# only short files for the end, where one worker finishing before the other costs little. The
-# order is by the durations `make test` prints, heaviest first; a file missing here is only late.
-# xdist would re-sort the files by their number of tests: the Makefile passes --no-loadscope-reorder.
-FIRST = ("test_pipeline.py", "test_eval_gate.py", "test_pipeline_stops.py", "test_serve.py", "test_eval_loop.py",
-         "test_repair_search.py", "test_drafter_train.py", "test_hidden_dist.py", "test_lineage_experiments.py",
-         "test_interop.py", "test_interop_data.py", "test_stage_generate.py", "test_hidden_shards.py",
-         "test_hidden_gate.py", "test_tokenizers.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: k for k, name in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))   # stable: the rest keep their order

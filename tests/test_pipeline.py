@@ -1,7 +1,6 @@
 """End to end: `dvc repro` on a throwaway copy of this repository, with the real stack.
 
-Small generation settings keep the repro to about four minutes on 2 cores; everything else is the default.
-conftest.py schedules this file first (xdist hands out whole files).
+Small generation settings keep the repro to about three minutes on 2 cores; everything else is the default.
 """
 
 from __future__ import annotations
