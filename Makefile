@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup repro test bench docs clean interop interop-check
+.PHONY: setup repro test bench docs clean interop interop-check engine
 
 # The interop side environment (interop/requirements.txt says why it is separate and why the two
 # libraries go in with --no-deps); rebuilt only when that file changes.
@@ -45,6 +45,21 @@ $(ISTAMP): interop/requirements.txt
 
 interop: $(ISTAMP)
 
+# The engine side environment: the real vLLM (engine/requirements.txt says why it is separate and
+# why four packages come out again); rebuilt only when that file changes.
+EVENV  := .venv-engine
+EPY    := $(EVENV)/bin/python
+ESTAMP := $(EVENV)/.installed
+
+$(ESTAMP): engine/requirements.txt
+	test -x $(EPY) || python3 -m venv $(EVENV)
+	$(EPY) -m pip install -q --disable-pip-version-check -r engine/requirements.txt
+	$(EPY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(EPY) -c "import vllm"
+	touch $(ESTAMP)
+
+engine: $(ESTAMP)
+
 # Each export loaded by speculators' and SpecForge's own classes, compared with draftgate's
 # forward (docs/drafter.md, "Checked by the libraries"); then the corruptions that must fail it.
 # Then hidden states in from SpecForge and gated data out to both, read by their own loaders
@@ -62,4 +77,4 @@ docs: setup
 	@echo "Data Docs: reports/data_docs/index.html (rebuilt by the report stage from every gate's record in data/gates/)"
 
 clean:
-	rm -rf $(VENV) $(IVENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(IVENV) $(EVENV) .pytest_cache .hypothesis
