@@ -90,11 +90,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def vllm_command(python: Path, model_dir: Path, *, host: str, port: int, served_name: str,
                  device: Literal["cpu", "cuda"], tensor_parallel: int = 1, data_parallel: int = 1,
-                 enforce_eager: bool | None = None, tokenizer: Path | None = None,
+                 enforce_eager: bool | None = None, tokenizer: Path | None = None, dtype: str = "auto",
                  extra_args: Sequence[str] = ()) -> list[str]:
     """The server's command line; `extra_args` come last, so they override (argparse keeps the last)."""
     cmd = [str(python), "-m", SERVER_MODULE, "--model", str(model_dir), "--served-model-name", served_name,
-           "--host", host, "--port", str(port), "--generation-config", "vllm", "--disable-uvicorn-access-log"]
+           "--host", host, "--port", str(port), "--dtype", dtype, "--generation-config", "vllm",
+           "--disable-uvicorn-access-log"]
     if tokenizer is not None:
         cmd += ["--tokenizer", str(tokenizer)]
     if device == "cpu" if enforce_eager is None else enforce_eager:
@@ -104,6 +105,18 @@ def vllm_command(python: Path, model_dir: Path, *, host: str, port: int, served_
     if data_parallel != 1:
         cmd += ["--data-parallel-size", str(data_parallel)]
     return cmd + [str(a) for a in extra_args]
+
+
+def model_dtype(model_dir: Path) -> str:
+    """The checkpoint's own dtype (config.json `dtype`, or `torch_dtype` before transformers 5).
+    vLLM's "auto" serves a float32 checkpoint in bfloat16 on CPU (its log: 'Attempted to load
+    weight ... torch.float32 into parameter with dtype torch.bfloat16'), which moves every
+    log-probability by ~1e-2 and flips greedy ties: the truth would not be the model's."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    found = config.get("dtype") or config.get("torch_dtype")
+    return found if isinstance(found, str) else "auto"
 
 
 def engine_env(device: Literal["cpu", "cuda"], kvcache_gib: int, env: Mapping[str, str] | None) -> dict[str, str]:
@@ -125,14 +138,15 @@ def running_vllm(model_dir: str | Path, *, python: str | Path | None = None, hos
                  port: int | None = None, served_name: str | None = None,
                  device: Literal["auto", "cpu", "cuda"] = "auto", tensor_parallel: int = 1, data_parallel: int = 1,
                  enforce_eager: bool | None = None, kvcache_gib: int = 1, tokenizer: str | Path | None = None,
-                 extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 dtype: str | None = None, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  log_path: str | Path | None = None, timeout_s: float = 600.0,
                  stop_grace_s: float = 20.0) -> Iterator[Engine]:
     """Run vLLM's OpenAI server for `model_dir` until the block exits (normally or not).
 
     `device`: "auto" asks the engine environment which build it holds. `enforce_eager`: None =
-    eager on CPU only. `kvcache_gib`: the CPU KV cache (VLLM_CPU_KVCACHE_SPACE, unless the
-    environment or `env` sets it). `extra_args`: more server flags, e.g. ("--speculative-config",
+    eager on CPU only. `dtype`: None = the checkpoint's own (model_dtype), never vLLM's downcast.
+    `kvcache_gib`: the CPU KV cache (VLLM_CPU_KVCACHE_SPACE, unless the environment or `env` sets
+    it). `extra_args`: more server flags, e.g. ("--speculative-config",
     json.dumps({...})). `log_path`: where the engine's output goes (default: a new
     /tmp/draftgate-vllm-*.log, kept). `timeout_s`: the deadline for the first healthy answer.
     """
@@ -146,7 +160,7 @@ def running_vllm(model_dir: str | Path, *, python: str | Path | None = None, hos
     cmd = vllm_command(exe, model_dir, host=host, port=port, served_name=served_name or model_dir.name,
                        device=resolved, tensor_parallel=tensor_parallel, data_parallel=data_parallel,
                        enforce_eager=enforce_eager, tokenizer=Path(tokenizer) if tokenizer else None,
-                       extra_args=extra_args)
+                       dtype=dtype or model_dtype(model_dir), extra_args=extra_args)
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="draftgate-vllm-", suffix=".log")
         os.close(fd)
