@@ -16,6 +16,7 @@ is known: the prompts stage (context), hidden/capture.py (layers), the train sta
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -618,12 +619,15 @@ def read_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_yaml12_loader())
 
 
+@functools.lru_cache(maxsize=1)
 def _yaml12_loader() -> Any:
     import re
 
     import yaml
 
-    class Loader(yaml.SafeLoader):
+    # libyaml's parser where PyYAML was built with it (7x faster on dvc.lock, which lineage reads
+    # once per revision); the resolvers below are Python's in both, so the values are the same.
+    class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         pass
 
     Loader.yaml_implicit_resolvers = {

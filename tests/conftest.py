@@ -12,6 +12,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Nor may DVC: a repo the tests init has no `core.analytics false` yet, and each dvc call there
+# would start an analytics daemon beside it.
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 # One torch thread per xdist worker (make test runs two on two cores), in every test and every
 # process a test starts: a forward's last bits depend on the count, so a test's numbers must not
 # depend on which test ran before it in the worker. Stages with a threads param set their own.

@@ -13,8 +13,15 @@ import yaml
 from test_pipeline import copy_repo, gate, run, set_params
 
 
-def test_a_wrong_configured_special_id_stops_the_pipeline_at_the_contract_gate(tmp_path):
+def small_copy(tmp_path):
+    # The seeded corpus's breadth is tests/test_contract_corpus.py's; here the contract only has to run.
     repo = copy_repo(tmp_path)
+    set_params(repo, contract={"corpus_size": 60})
+    return repo
+
+
+def test_a_wrong_configured_special_id_stops_the_pipeline_at_the_contract_gate(tmp_path):
+    repo = small_copy(tmp_path)
     # The seed run's bug in miniature: an id that is an ordinary token, configured for <|im_end|>.
     tok = yaml.safe_load((repo / "params.yaml").read_text())["tokenizer"]
     set_params(repo, tokenizer={**tok, "expected_ids": {"<|im_end|>": 1000}})
@@ -26,7 +33,7 @@ def test_a_wrong_configured_special_id_stops_the_pipeline_at_the_contract_gate(t
 
 
 def test_a_failed_gate_stops_repro_before_the_next_stage(tmp_path):
-    repo = copy_repo(tmp_path)
+    repo = small_copy(tmp_path)
     # One unusable record, and a gate that tolerates no rejects.
     with open(repo / "data" / "raw" / "chat.jsonl", "a") as f:
         f.write('{"messages": [{"role": "narrator", "content": "hi"}]}\n')

@@ -122,9 +122,7 @@ def write_db(revs: list[Revision], db: str | Path) -> Path:
             rows = table_rows(revs)
             for name, schema in TABLES.items():
                 con.execute(f"CREATE TABLE {name} ({schema})")
-                if rows[name]:
-                    marks = ", ".join("?" * len(rows[name][0]))
-                    con.executemany(f"INSERT INTO {name} VALUES ({marks})", rows[name])
+                _insert(con, name, [c.split()[0] for c in schema.split(", ")], rows[name])
             _write_summary(con, summary(revs))
             con.execute("CHECKPOINT")
         finally:
@@ -140,7 +138,28 @@ def _write_summary(con: Any, rows: list[dict]) -> None:
     cols = list(rows[0])
     types = {c: FIXED_TYPES.get(c) or _sql_type([r[c] for r in rows]) for c in cols}
     con.execute(f"CREATE TABLE summary ({', '.join(f'{c} {types[c]}' for c in cols)})")
-    con.executemany(f"INSERT INTO summary VALUES ({', '.join('?' * len(cols))})", [[r[c] for c in cols] for r in rows])
+    _insert(con, "summary", cols, [[r[c] for c in cols] for r in rows])
+
+
+def _insert(con: Any, table: str, cols: list[str], rows: list) -> None:
+    """Rows in through one Arrow scan, DuckDB casting each column to the table's type: executemany
+    runs one statement a row, and the report's audit spent seconds there."""
+    if not rows:
+        return
+    import pyarrow as pa
+
+    try:
+        arrow = pa.table({c: pa.array(list(v), type=pa.string() if all(x is None for x in v) else None)
+                          for c, v in zip(cols, zip(*rows))})
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # A column of mixed kinds (a summary VARCHAR): DuckDB's own casts, a statement a row.
+        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(cols))})", rows)
+        return
+    con.register("_rows", arrow)
+    try:
+        con.execute(f"INSERT INTO {table} SELECT * FROM _rows")
+    finally:
+        con.unregister("_rows")
 
 
 FIXED_TYPES = {**{name: "DOUBLE" for name in HEADLINES}, "seq": "INTEGER", "committed_at": "TIMESTAMP",
