@@ -4,7 +4,11 @@ Every stage writes them through `StageMetrics.write(path)` as two files:
 - `metrics/<stage>.json`, a DVC metric: the numbers only (counts, rates, figures, flags), so
   `dvc metrics show` prints a table of figures, not text; and of those, only what describes the
   data: wall-clock, throughput and how the run went (RUN_FIGURES) change on every run and would
-  fill `dvc metrics diff` and `dvc exp show --only-changed` with noise;
+  fill `dvc metrics diff` and `dvc exp show --only-changed` with noise; nor the breakdowns
+  (BREAKDOWNS: per dataset, mode, provider, position, step or setting), nor what a stage names as
+  its own details (`StageMetrics.details_only`): DVC prints one table for every metric file, one
+  column per key of any of them, and eval's breakdowns alone made 200 columns (13,400 characters
+  a line);
 - `metrics/<stage>.details.json` beside it (details_path): everything, the text included (resolved
   params, names, hashes, examples, lists).
 """
@@ -26,6 +30,14 @@ from draftgate.io import write_json
 # Kept in the details only.
 RUN_FIGURES = re.compile(r"(_s|_per_s|^seconds|^world_size|^threads|^resumed_\w+|^computed_shards|^removed_\w+"
                          r"|^forward_batches|^pauses_429|^refused_retries|^lost_attempts|^reservations)$")
+# Breakdowns of a headline figure: per dataset, serving mode or provider, per draft position or
+# training step, per setting of a sweep or per proposer run, a histogram, and a run's settings (in
+# the params already). Each is a block of columns in `dvc metrics show` (eval's `runs` repeated
+# drafter/ngram under their setting names: 117 columns); they are in the details, and the
+# per-position and per-dataset ones in plots/ too.
+BREAKDOWNS = re.compile(r"^(runs|by_dataset|by_mode|by_provider|per_position|per_position_all|step_accuracy"
+                        r"|proxy_step_accuracy|sweep_replayed|repetition_tenths|length_rate_by_dataset|phases"
+                        r"|settings|accuracy_last)$")
 
 
 @dataclass
@@ -36,6 +48,9 @@ class StageMetrics:
     drops: Counter = field(default_factory=Counter)
     figures: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    # Keys (at any depth) that this stage keeps in its details only, beside RUN_FIGURES and
+    # BREAKDOWNS: counts that restate the inputs, second definitions of a figure.
+    details_only: tuple[str, ...] = ()
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.drops[reason] += n
@@ -56,7 +71,16 @@ class StageMetrics:
         the next stage read) never stands without them."""
         full = self.to_dict()
         write_json(details_path(path), full)
-        write_json(path, numbers({k: v for k, v in full.items() if k != "params"}, RUN_FIGURES))
+        write_json(path, metric(full, self.details_only))
+
+
+def metric(full: dict, details_only: tuple[str, ...] = ()) -> dict:
+    """What DVC shows of a stage's figures: the numbers, less the run's own figures, the breakdowns,
+    the params and the stage's `details_only` keys."""
+    parts = [RUN_FIGURES.pattern, BREAKDOWNS.pattern]
+    if details_only:
+        parts.append("^(" + "|".join(re.escape(k) for k in details_only) + ")$")
+    return numbers({k: v for k, v in full.items() if k != "params"}, re.compile("|".join(parts)))
 
 
 def details_path(path: str | Path) -> Path:

@@ -5,7 +5,8 @@ of `eval.proposers` (the n-gram one at vLLM's default setting and each `eval.ngr
 pair), decodes greedily with draft-and-verify over the target's KV cache and writes:
 - data/eval/outputs.parquet: ids per prompt and per-step drafted/accepted/emitted counts, which
   the eval gate holds against its own plain greedy decoding (losslessness);
-- metrics/eval.json (numbers) + metrics/eval.details.json (settings' text, params);
+- metrics/eval.json (the headline numbers) + metrics/eval.details.json (everything: runs, breakdowns,
+  settings' text, params);
 - plots/eval_per_position.csv: per-position acceptance rate of each reported proposer.
 Acceptance length is SGLang's (tokens emitted per verify forward, bonus included): docs/evaluation.md.
 """
@@ -17,6 +18,14 @@ import csv
 import io
 import sys
 from pathlib import Path
+
+# The metric DVC shows is each proposer's acceptance length with its interval (12 columns, 260
+# characters a line). The breakdowns (draftgate/metrics.py BREAKDOWNS: the per-setting runs, per
+# dataset, mode and position) and these keys are in the details only: the settings and counts, the
+# gap between served modes (from the per-mode breakdown), vLLM's definition of the length and
+# SpecForge's proxy.
+DETAILS_ONLY = ("k", "max_new_tokens", "prompts", "tokens", "verify_forwards", "accepted_fraction",
+                "vllm_acceptance_length", "mode_gap", "proxy", "proxy_simulated_acceptance_length")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_parquet(args.out / "outputs.parquet", outputs)
 
-    m = StageMetrics("eval", rows_in=report.pop("_prompts"), rows_out=report.pop("_rows"))
+    m = StageMetrics("eval", rows_in=report.pop("_prompts"), rows_out=report.pop("_rows"), details_only=DETAILS_ONLY)
     m.figures.update(report)
     m.params = {"eval": as_dict(ep)}
     m.write(args.metrics)

@@ -13,6 +13,10 @@ import io
 import sys
 from pathlib import Path
 
+# The mismatch report's billing block is the one metrics/reconstruct.json shows: in the report's
+# details only, so `dvc metrics show` does not print it twice.
+MISMATCH_DETAILS_ONLY = ("billing",)
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m stages.reconstruct", description=__doc__)
@@ -34,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.config import ParamsError, load_params
     from draftgate.gates.result import GateNotPassed, require_passed
     from draftgate.io import write_json, write_text
-    from draftgate.metrics import details_path, numbers
+    from draftgate.metrics import details_path, metric
     from draftgate.reconstruct.inputs import InputError
     from draftgate.reconstruct.run import ReconstructRequest, run
     from draftgate.reconstruct.table import plot_rows
@@ -50,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reconstruct: {e}", file=sys.stderr)
         return 1
     done.metrics.write(args.metrics)
-    # Numbers only in the metric (dvc metrics show); the whole report, text and nulls too, beside it.
+    # Numbers only in the metric (dvc metrics show), less the breakdowns and the billing block; the
+    # whole report, text and nulls too, beside it.
     write_json(details_path(args.report), done.report)
-    write_json(args.report, numbers(done.report))
+    write_json(args.report, metric(done.report, MISMATCH_DETAILS_ONLY))
     write_text(args.plot, _csv(plot_rows(done.report)))
     return 0
 

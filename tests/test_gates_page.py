@@ -127,6 +127,24 @@ def test_the_page_shows_the_offending_row_its_evidence_and_the_stage_to_rerun(ra
             shape["loss_mask_ones"]) == ("22", "18", "3", "21", "3")
 
 
+def test_the_failed_page_links_the_docs_page_that_explains_the_gate_beside_the_fix(ran, drill):
+    text = (drill / "reports" / "gates" / "tokens.html").read_text()
+    banner = text[text.index('<div class="banner fail">'):text.index("</div>", text.index('<div class="banner fail">'))]
+    assert '<strong>Why, and the usual fixes:</strong> <a class=docs href="../../docs/pipeline.md">docs/pipeline.md</a>' \
+        in banner
+
+
+@pytest.mark.parametrize("suite", sorted(p.stem for p in SUITE.parent.glob("*.json")))
+def test_every_suite_names_an_existing_docs_page_that_explains_that_gate(suite):
+    from draftgate.gates.suite import load_suite
+
+    docs = load_suite(str(SUITE.parent / f"{suite}.json")).meta.get("docs")
+    assert docs, f"expectations/{suite}.json: add meta.docs, the docs page that explains gate_{suite}"
+    page_text = (SUITE.parents[1] / docs).read_text()
+    assert f"gate_{suite}" in page_text or f"expectations/{suite}.json" in page_text, \
+        f"{docs} never names gate_{suite}: say there what the gate checks and how to fix a failure"
+
+
 def test_the_page_is_what_the_report_rewrites_from_the_record(ran, drill):
     _, _, result = ran
     path = drill / "reports" / "gates" / "tokens.html"
@@ -147,3 +165,4 @@ def test_a_failed_null_check_never_reads_like_a_pass():
 def test_headless_chromium_shows_the_root_failure_and_its_row(ran, drill, tmp_path):
     dom = dump_dom(drill / "reports" / "gates" / "tokens.html", tmp_path, budget_ms=1000)
     assert "FAILED:" in dom and "root failure: start here" in dom and ">p1<" in dom
+    assert 'href="../../docs/pipeline.md"' in dom

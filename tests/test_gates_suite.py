@@ -67,3 +67,11 @@ def test_a_name_that_is_not_an_identifier_is_not_looked_up(tmp_path):
     (tmp_path / "tokens.json").write_text(json.dumps(SUITE))   # what suites/../tokens.json would reach
     with pytest.raises(GateError, match="neither a file nor a suite name in .*suites/; available suites: none"):
         find_suite("../tokens", tmp_path / "suites")
+
+
+@pytest.mark.parametrize("docs", ["/etc/passwd", "../outside.md", "docs/pipeline", 3])
+def test_a_suites_docs_page_must_be_a_markdown_path_inside_the_repository(tmp_path, docs):
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({**SUITE, "meta": {"docs": docs}}))
+    with pytest.raises(GateError, match=r"meta\.docs .*e\.g\. \"docs/pipeline\.md\""):
+        load_suite(str(path))

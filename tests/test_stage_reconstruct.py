@@ -64,7 +64,8 @@ def test_stage_writes_tokens_metrics_report_and_plot(tmp_path, qwen3_tok):
     assert (m["rows_in"], m["rows_out"]) == (4, 2)
     assert m["drops_by_reason"] == {"reasoning_encrypted": 1, "response_failed:http_500": 1}
     assert m["match"] == {"exact": 1, "unknown": 1}
-    assert m["billing"]["by_provider"]["local"]["rows"] == 2
+    assert m["billing"]["completion"]["rows"] == 2 and "by_provider" not in m["billing"]   # a breakdown
+    assert json.loads((tmp_path / "m.details.json").read_text())["billing"]["by_provider"]["local"]["rows"] == 2
 
     report = json.loads((tmp_path / "mismatch.details.json").read_text())
     assert report["datasets"]["chat"] == {
@@ -72,11 +73,11 @@ def test_stage_writes_tokens_metrics_report_and_plot(tmp_path, qwen3_tok):
         "not_reconstructed": 0, "mismatch_rate": 0.0, "billing_row_agreement": 1.0,
         "prompt_billing_row_agreement": None}
     assert report["datasets"]["code"]["not_reconstructed"] == 2
-    # The metric DVC shows: the same figures, numbers only (no nulls, names or lists).
+    # The metric DVC shows: the same figures, numbers only (no nulls, names or lists); the billing
+    # block is reconstruct's metric's, shown there once.
     metric = json.loads((tmp_path / "mismatch.json").read_text())
     assert metric["datasets"]["chat"] == {k: v for k, v in report["datasets"]["chat"].items() if v is not None}
-    assert metric["billing"]["by_provider"]["local"]["rows"] == 2
-    assert "provider" not in metric["billing"]["by_provider"]["local"]
+    assert "billing" not in metric and report["billing"]["by_provider"]["local"]["rows"] == 2
     assert all(isinstance(v, (int, float)) for ds in metric["datasets"].values() for v in ds.values())
     plot = list(csv.DictReader((tmp_path / "mismatch.csv").open()))
     assert [p["dataset"] for p in plot] == ["chat", "code", "all"]

@@ -14,7 +14,8 @@ Failures are listed in the suite's order, which is the pipeline's own (suite.py)
 before what is computed from it, so the first failure is the one to fix first (a dropped end id
 fails the shape and end-token checks, and then the prompt, billing and mismatch checks that read
 the same ids). Each says what was observed against what was expected, in words, with its note,
-its offending rows and the stage that wrote the artifact. Plain HTML with its style inline: no
+its offending rows and the stage that wrote the artifact; the banner links the docs page that
+explains the gate and its usual fixes (the suite's `meta.docs`). Plain HTML with its style inline: no
 script, no network, readable from a zip.
 """
 
@@ -194,7 +195,11 @@ def render(result: dict, where: dict[str, str] | None = None, record: str | None
     parts = ["<!doctype html><html lang=en><head><meta charset=utf-8>",
              f"<title>{html.escape(gate)}: {'no verdict' if result.get('error') else 'FAIL' if failed else 'pass'}</title>",
              f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(gate)}</h1>"]
-    why = ((result.get("meta") or {}).get("why"))
+    meta = result.get("meta") or {}
+    why = meta.get("why")
+    docs = meta.get("docs") if isinstance(meta.get("docs"), str) else None
+    read = (f'<a class=docs href="{html.escape(_link(docs, page_dir, root))}">{html.escape(docs)}</a>'
+            if docs else "")
     if artifact:
         parts.append(f"<p class=muted>checks <code>{html.escape(artifact)}</code>"
                      + (f" ({_n(result['rows'])} rows)" if isinstance(result.get("rows"), int) else "")
@@ -203,6 +208,10 @@ def render(result: dict, where: dict[str, str] | None = None, record: str | None
         parts.append(f"<p class=note>{html.escape(why)}</p>")
     rerun = f"dvc repro {where['gate']}" if where.get("gate") else "dvc repro"
     fix = _fix(where, artifact, rerun, page_dir, root)
+    if read:
+        # Where the user stands when a gate fails: the page that says why each check exists and
+        # what usually fixes it (the suite's meta.docs).
+        fix += f"<br><strong>Why, and the usual fixes:</strong> {read}."
     if result.get("error"):
         parts.append(f'<div class="banner none"><strong>No verdict.</strong> The gate could not judge: '
                      f"{html.escape(str(result['error']))}<br>{fix}</div>")
@@ -212,7 +221,8 @@ def render(result: dict, where: dict[str, str] | None = None, record: str | None
                      f'Start with <a href="#check-{i0}">{html.escape(title(e0))}</a>: the first failure in the '
                      "pipeline's order; the ones after it may follow from it.<br>" + fix + "</div>")
     else:
-        parts.append(f'<div class="banner pass"><strong>PASSED: all {len(checks)} checks.</strong></div>')
+        parts.append(f'<div class="banner pass"><strong>PASSED: all {len(checks)} checks.</strong>'
+                     + (f" What they check and why: {read}." if read else "") + "</div>")
     if failed:
         parts.append("<h2>Failed checks, root first</h2>")
         for k, (i, e) in enumerate(failed):

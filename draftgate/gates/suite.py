@@ -7,6 +7,8 @@
      "compute": "hidden",                   # a check's side tables, for the view; the gate stage passes it (compute.py)
      "relations": [{"name": "x", "sql": "SELECT ..."},              # named relations the view reads,
                    {"name": "agg", "sql": "...", "materialize": true}],   # in order (see Relation)
+     "meta": {"why": "...",                 # the gate's purpose, on its page and in the Data Docs
+              "docs": "docs/pipeline.md"},  # the page that explains it and its fixes, from the repo root
      "expectations": [{"type": "expect_column_values_to_not_be_null",
                        "kwargs": {"column": "prompt_id"}, "meta": {...}}]}
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DOCS_RE = re.compile(r"^(?!/)(?!.*\.\.)[\w./-]+\.md$")    # meta.docs: a Markdown page, relative, inside the repo
 SUITES_DIR = "expectations"   # where a suite named on the command line lives, from the working directory
 
 SUITE_KEYS = ("name", "expectations", "table", "view", "params_section", "meta", "compute", "relations")
@@ -114,6 +117,10 @@ def parse_suite(doc: Any, path: str = "suite", sha256: str = "") -> Suite:
         raise GateError(f"{path}: \"compute\" needs a \"view\": the computed tables are relations the view reads")
     if not isinstance(doc.get("meta", {}), dict):
         raise GateError(f"{path}: \"meta\" must be a JSON object")
+    docs = doc.get("meta", {}).get("docs")
+    if docs is not None and not (isinstance(docs, str) and DOCS_RE.match(docs)):
+        raise GateError(f"{path}: meta.docs {docs!r}: name the page that explains this gate as a path from the "
+                        "repository root, e.g. \"docs/pipeline.md\"")
     relations = _relations(doc.get("relations", []), path)
     if relations and not view:
         raise GateError(f"{path}: \"relations\" needs a \"view\": they are relations the view reads")

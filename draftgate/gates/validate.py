@@ -157,6 +157,7 @@ def run_gate(suite: Suite, inputs: list[Input], params_path: str = "params.yaml"
             "params": {"section": f"gates.{suite.params_section}", "values": used} if used else {},
             "expectations": entries,
             "docs": str(docs / "index.html") if docs else None,
+            "meta": suite.meta,     # why the gate exists and the docs page that explains it (its page links it)
         }
         if computed is not None:
             result["computed"] = {"producer": suite.compute, "report": computed.report}
@@ -192,9 +193,10 @@ def parse_args(argv: list[str] | None, prog: str = "draftgate validate") -> argp
     return ap.parse_args(argv)
 
 
-def no_verdict(args: argparse.Namespace, message: str, prog: str) -> int:
+def no_verdict(args: argparse.Namespace, message: str, prog: str, meta: dict | None = None) -> int:
+    """`meta`: the suite's, where it loaded (its page still links the gate's docs)."""
     print(f"{prog}: {message}", file=sys.stderr)
-    failed = {"suite_file": args.suite, "success": False, "error": message}
+    failed = {"suite_file": args.suite, "success": False, "error": message, **({"meta": meta} if meta else {})}
     if args.result:
         write_json(args.result, failed)
     if args.metric:
@@ -227,6 +229,7 @@ def main(argv: list[str] | None = None, checks: Mapping[str, Check] | None = Non
     `draftgate validate` calls it with no checks (ad hoc, SQL-only suites); every gate stage of
     dvc.yaml calls it from stages/ (stages/gate.py, and stages/gate_<name>.py with its checks)."""
     args = parse_args(argv, prog)
+    suite = None
     try:
         suite = load_suite(find_suite(args.suite, args.suites))
         inputs = [parse_input(args.artifact, suite.name)]
@@ -245,12 +248,13 @@ def main(argv: list[str] | None = None, checks: Mapping[str, Check] | None = Non
         run = run_gate(suite, inputs, params_path=args.params, docs=None if args.no_docs else Path(args.docs),
                        keep_runs=args.keep_runs, batch_rows=args.batch_rows, checks=checks)
     except GateError as e:
-        return no_verdict(args, str(e), prog)
+        return no_verdict(args, str(e), prog, suite.meta if suite else None)
     except Exception as e:  # a crash inside GX or DuckDB: still no verdict, never a silent pass
         import traceback
 
         traceback.print_exc()
-        return no_verdict(args, f"internal error, please report: {type(e).__name__}: {e}", prog)
+        return no_verdict(args, f"internal error, please report: {type(e).__name__}: {e}", prog,
+                          suite.meta if suite else None)
     if args.result:
         write_json(args.result, run.result)
     if args.metric:
