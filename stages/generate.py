@@ -7,7 +7,8 @@ The journal (`--journal`, default `<out>/journal.jsonl`) is append-only and surv
 finished prompts are skipped, so a crashed or stopped run resumes where it was.
 `generate.budget_usd` bounds the whole journal, every run together (draftgate/client/budget.py).
 With `backend: local` this stage starts the local server (draftgate.serve) for the run and passes
-its identity (weights, tokenizer, template fingerprints) into every request hash. The work is
+its identity (weights, tokenizer, template fingerprints) into every request hash; `backend: vllm`
+does the same with the real vLLM (draftgate.engine; `make engine`), or uses one at base_url. The work is
 draftgate/client/generate.py's; this file checks the gate, picks the target and writes the metrics.
 
 Exit 0 when every prompt in scope was attempted or the budget ran out (the responses gate judges
@@ -66,9 +67,21 @@ def main(argv: list[str] | None = None) -> int:
 @contextlib.contextmanager
 def target(params: Any, remote: Any) -> Iterator[Any]:
     """Where requests go. `local`: start the local server for the run; its identity (weights,
-    tokenizer, template, device) goes into every request hash. Otherwise the remote API."""
+    tokenizer, template, device) goes into every request hash. `vllm`: start vLLM on the target
+    (or use the one at generate.base_url; draftgate/engine/target.py). Otherwise the remote API."""
     from draftgate.client import Target
 
+    if params.generate.backend == "vllm":
+        from draftgate.client.target import TargetError
+        from draftgate.engine.launch import EngineError
+        from draftgate.engine.target import generate_target
+
+        try:
+            with generate_target(params) as t:
+                yield t
+        except EngineError as e:   # names the engine's log file and the fix
+            raise TargetError(str(e)) from None
+        return
     if params.generate.backend != "local":
         yield remote(params.generate)
         return

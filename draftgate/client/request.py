@@ -85,7 +85,7 @@ def build_body(prompt: Prompt, p: GenerateParams) -> dict[str, Any]:
         if p.reasoning is not None:
             body["reasoning"] = p.reasoning
         body["usage"] = {"include": True}
-    if p.backend == "local":
+    if p.backend in ("local", "vllm"):   # vLLM's extension: prompt_token_ids and each choice's token_ids
         body["return_token_ids"] = True
     if p.extra_body:
         body.update(p.extra_body)

@@ -1,8 +1,9 @@
 """Where requests go: a remote backend from params -> a `Target` (base URL, key, headers).
 
 `openrouter` and `openai` take the key from the environment variable `generate.api_key_env`
-names, and only from there. `local` is not the client's business: the generate stage starts the
-local server (draftgate.serve) and hands the client a Target with the server's URL and identity.
+names, and only from there. `local` and `vllm` are not the client's business: the generate stage
+starts the local server (draftgate.serve) or vLLM (draftgate.engine) and hands the client a Target
+with the server's URL and identity.
 Every Target carries that variable's value among its secrets (`env_secrets`), sent or not: it is
 never written anywhere (client/redact.py).
 """
@@ -30,9 +31,10 @@ def env_secrets(gp: GenerateParams) -> tuple[str, ...]:
 
 
 def target_for(gp: GenerateParams) -> Target:
-    if gp.backend == "local":
-        raise TargetError("backend local has no remote target: the generate stage starts the local server "
-                          "and builds its Target (stages/generate.py)")
+    if gp.backend in ("local", "vllm"):
+        raise TargetError(f"backend {gp.backend} has no remote target: the generate stage starts the server "
+                          "(or, for vllm, uses the one at generate.base_url) and builds its Target "
+                          "(stages/generate.py)")
     key = os.environ.get(gp.api_key_env) or None
     if gp.backend == "openrouter":
         if key is None:

@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal, Mapping, Sequence
+from typing import Any, Iterator, Literal, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_VENV = REPO / ".venv-engine"
@@ -131,6 +131,14 @@ def engine_env(device: Literal["cpu", "cuda"], kvcache_gib: int, env: Mapping[st
         out.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kvcache_gib))
     out.update(env or {})
     return out
+
+
+def launch_settings(engine_params: Any) -> dict[str, Any]:
+    """running_vllm's keyword arguments from params.yaml's `engine` section (config.EngineParams)."""
+    ep = engine_params
+    return {"python": ep.python, "device": ep.device, "tensor_parallel": ep.tensor_parallel,
+            "data_parallel": ep.data_parallel, "enforce_eager": ep.enforce_eager, "kvcache_gib": ep.kvcache_gib,
+            "extra_args": tuple(ep.extra_args), "timeout_s": ep.start_timeout_s}
 
 
 @contextlib.contextmanager
