@@ -32,10 +32,11 @@ repro: setup
 	dvc repro
 	@echo "Data Docs: reports/data_docs/index.html"
 
-# The interop tests run here too (DRAFTGATE_INTEROP=required: a missing side environment fails,
-# never skips), so one pytest run checks everything.
-test: setup interop
-	DRAFTGATE_INTEROP=required $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
+# The interop and engine tests run here too (DRAFTGATE_INTEROP / DRAFTGATE_ENGINE=required: a
+# missing side environment fails, never skips), so one pytest run checks everything. Each engine
+# test file starts one vLLM (eager, ~30 s) and --dist loadfile keeps a file on one worker.
+test: setup interop engine
+	DRAFTGATE_INTEROP=required DRAFTGATE_ENGINE=required $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 
 $(ISTAMP): interop/requirements.txt
 	test -x $(IPY) || python3 -m venv $(IVENV)
