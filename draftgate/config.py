@@ -578,9 +578,15 @@ class EvalParams:
     seed: Seed = 0                                      # bootstrap and the random proposer
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: Threads | None = 2      # torch's CPU threads: a near-tie's argmax may depend on it
+    # replay: our own speculative decoding only. vllm: also vLLM's EAGLE-3 decoding of the
+    # speculators export (the `engine` section starts it), its counters beside the replay's and
+    # held equal to them by the eval gate (docs/engines.md, "Acceptance").
+    engine: Literal["replay", "vllm"] = "replay"
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
+        if self.engine == "vllm" and "eagle3" not in self.proposers:
+            out.append(("engine", "vllm serves the drafter beside its replay: add eagle3 to eval.proposers"))
         pairs = [("ngram_min/ngram_max", [self.ngram_min, self.ngram_max])] + [
             (f"ngram_sweep[{i}]", pair) for i, pair in enumerate(self.ngram_sweep)]
         for key, pair in pairs:

@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--contract", required=True, type=Path, help="contract.json (the end id, by name)")
     p.add_argument("--drafter", type=Path, help="the exported drafter (data/drafter/sglang); needed for eagle3")
     p.add_argument("--gate", type=Path, help="the drafter gate's metric JSON; needed for eagle3")
+    p.add_argument("--speculators", type=Path,
+                   help="the speculators export (data/drafter/speculators) vLLM serves; needed for eval.engine vllm")
     p.add_argument("--out", required=True, type=Path, help="output folder (outputs.parquet)")
     p.add_argument("--metrics", required=True, type=Path)
     p.add_argument("--plot", required=True, type=Path, help="per-position acceptance CSV (dvc plots)")
@@ -62,15 +64,18 @@ def main(argv: list[str] | None = None) -> int:
             except GateNotPassed as e:
                 raise EvalError(str(e)) from None
         with torch_threads(ep.threads):
-            outputs, report = evaluate(params, args.tokens, args.contract, args.drafter)
+            outputs, report = evaluate(params, args.tokens, args.contract, args.drafter, args.speculators)
     except (ParamsError, EvalError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 1
-    from draftgate.io import write_parquet, write_text
+    from draftgate.io import write_json, write_parquet, write_text
     from draftgate.metrics import StageMetrics
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_parquet(args.out / "outputs.parquet", outputs)
+    # What the engine was and what its /metrics said before and after (the eval gate parses them
+    # itself); {"engine": "replay"} when none ran.
+    write_json(args.out / "engine.json", report.pop("_engine"))
 
     m = StageMetrics("eval", rows_in=report.pop("_prompts"), rows_out=report.pop("_rows"), details_only=DETAILS_ONLY)
     m.figures.update(report)

@@ -41,6 +41,8 @@ def layout_row(layout: str, export_dir: Path, layers: dict | None, vocab_ok: dic
         tie = layer_config(cfg, engine).get("tie_word_embeddings")
         if engine == "vllm":
             problems += vllm_reading_problems(cfg)
+        # Either layout may be served by vLLM (it loads the SGLang layout too, issue 27).
+        problems += vllm_aux_problems(cfg, layers)
     except (OSError, ValueError):
         pass
     kinds = Counter(p.kind for p in problems)
@@ -59,7 +61,7 @@ def layout_row(layout: str, export_dir: Path, layers: dict | None, vocab_ok: dic
         "vocab_map_matches": d2t_ok,
         "vocab_data_hash_matches": data_ok,
         "loss_drop": loss_drop,
-        "vllm_misreads": kinds["vllm_misread"] if engine == "vllm" else 0,
+        "vllm_misreads": kinds["vllm_misread"],
         "weights_match": weights.get("match"),
         "step0_loss": weights.get("loss"),
         "step0_claimed_loss": weights.get("claimed"),
@@ -97,6 +99,35 @@ def vllm_reading_problems(cfg: dict) -> list:
                            f"norm_before_fc {cfg.get('norm_before_fc')!r}: vLLM would add an RMSNorm before fc that "
                            "this drafter does not have; set it false"))
     return out
+
+
+def vllm_aux_problems(cfg: dict, layers: dict | None) -> list:
+    """The target layers vLLM captures for this config, against those the drafter was trained on.
+
+    vLLM (v1/worker/gpu_model_runner.py `_get_eagle3_aux_layers_from_config`, and
+    v1/worker/gpu/spec_decode/eagle/eagle3_utils.py) takes the draft config's top-level
+    `eagle_aux_hidden_state_layer_ids`, else `eagle_config.eagle_aux_hidden_state_layer_ids`, as
+    its capture points as given: the input of layer i (the hidden stage's `sglang_vllm` list).
+    SGLang's eagle_config holds 0-based layer outputs (its runner adds 1), so an SGLang config
+    without the top-level list is read one layer early, silently: (1, 14, 26) for SmolLM2, trained
+    on (2, 15, 27); acceptance 1.2107 against 1.2247 on the demo (docs/engines.md, "Acceptance").
+    """
+    from draftgate.drafter.export import Problem
+
+    if not layers:
+        return []
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    read = top or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    want = list(layers["sglang_vllm"])
+    if read is None or list(read) == want:
+        return []       # no ids at all: check_export's aux_layers problem says so for either engine
+    where = "eagle_aux_hidden_state_layer_ids" if top else "eagle_config.eagle_aux_hidden_state_layer_ids"
+    return [Problem("vllm_misread", "eagle_aux_hidden_state_layer_ids",
+                    f"vLLM reads {where} {list(read)} as its capture points (the input of each layer); the drafter "
+                    f"was trained on {want} in that convention (hidden manifest sglang_vllm): served by vLLM it "
+                    f"would see other layers. Re-export (the train stage writes a top-level "
+                    f"eagle_aux_hidden_state_layer_ids {want}, which vLLM reads first and SGLang ignores) or serve "
+                    "the speculators layout")]
 
 
 def same_weights(exports: dict[str, Path]) -> tuple[bool, list[str]]:

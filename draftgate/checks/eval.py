@@ -15,8 +15,16 @@ with max_new_tokens from `eval:`.
                   the stop rule and the per-step counts re-derived from the lists themselves;
                   the prompt's serving mode recomputed from its ids (checks/serving.py)
     eval_facts    one row: the prompts expected (kept held-out rows, eval.max_prompts), k,
-                  max_new_tokens, the tolerance, the per-mode floor (gates.eval.min_mode_acceptance_length)
+                  max_new_tokens, the tolerance, the per-mode floor (gates.eval.min_mode_acceptance_length),
+                  the engine params ask for (eval.engine) and the one engine.json records
     eval_served   the served modes (serving.modes): each must reach the floor on its prompts
+    eval_engine   with eval.engine vllm: one row per spec-decode counter (drafts, draft tokens,
+                  accepted, accepted at each position 1..k): the engine's, parsed here from the two
+                  /metrics scrapes the stage kept (--input engine=data/eval/engine.json) as their
+                  difference, and the replay's, counted here from the eagle3 rows' per-step lists
+                  as vLLM counts (a draft = a step that drafted). The engine's outputs are rows of
+                  the outputs table (proposer "vllm", no per-step counts) checked like any other
+                  against the gate's greedy decoding.
 
 Nothing here decides: expectations/eval.json's view compares and judges (docs/evaluation.md).
 """
@@ -55,6 +63,8 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
         raise GateError(str(e)) from None
     outputs = read_outputs(inputs["eval"])
     modes = _modes(params, prompts)
+    recorded = read_engine(inputs.get("engine"), ep.engine)
+    engine = engine_table(recorded, outputs, prompts, ep.k) if ep.engine == "vllm" else []
 
     from draftgate.hidden.target import load_target
 
@@ -69,18 +79,90 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
     facts = pa.Table.from_pylist(
         [{"expected_prompts": expected, "k": ep.k, "max_new_tokens": ep.max_new_tokens,
           "tie_tolerance": gp.tie_tolerance, "greedy_prompts": len(greedy),
-          "mode_floor": gp.min_mode_acceptance_length}],
+          "mode_floor": gp.min_mode_acceptance_length, "engine": ep.engine,
+          "engine_recorded": recorded.get("engine") if recorded else None,
+          "engine_rows": sum(1 for r in outputs if r["proposer"] == ENGINE_PROPOSER)}],
         schema=pa.schema([("expected_prompts", pa.int64()), ("k", pa.int64()), ("max_new_tokens", pa.int64()),
                           ("tie_tolerance", pa.float64()), ("greedy_prompts", pa.int64()),
-                          ("mode_floor", pa.float64())]))
+                          ("mode_floor", pa.float64()), ("engine", pa.string()), ("engine_recorded", pa.string()),
+                          ("engine_rows", pa.int64())]))
     served = pa.table({"mode": pa.array([m.name for m in params.serving.modes], pa.string())})
     report = {"greedy_prompts": len(greedy), "rows": len(rows),
               "exact_rows": sum(1 for r in rows if r["exact"]),
               "tie_rows": sum(1 for r in rows if r["tie"]),
               "unexplained_rows": sum(1 for r in rows if r["unexplained"] > 0)}
     report["prompts_by_mode"] = dict(sorted(Counter(modes.values()).items()))
+    if engine:
+        report["engine_counts"] = {r["counter"]: {"engine": r["engine"], "replay": r["replay"]} for r in engine}
+    engine_schema = pa.schema([("counter", pa.string()), ("engine", pa.int64()), ("replay", pa.int64())])
     return Computed(tables={"eval_checks": pa.Table.from_pylist(rows, schema=checks_schema()),
-                            "eval_facts": facts, "eval_served": served}, report=report)
+                            "eval_facts": facts, "eval_served": served,
+                            "eval_engine": pa.Table.from_pylist(engine, schema=engine_schema)}, report=report)
+
+
+ENGINE_PROPOSER = "vllm"     # the outputs rows of the engine's own decoding (evaluate/engine.py)
+_SPEC = "vllm:spec_decode_num_"
+
+
+def read_engine(path: str | None, wanted: str) -> dict | None:
+    """engine.json as the eval stage wrote it; required when eval.engine is vllm."""
+    import json
+
+    if path is None:
+        if wanted == "vllm":
+            raise GateError("eval.engine is vllm: pass --input engine=data/eval/engine.json (the engine's record)")
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GateError(f"{path}: not found; run the eval stage (dvc repro eval)") from None
+    except ValueError as e:
+        raise GateError(f"{path}: not JSON ({e}); rerun the eval stage") from None
+
+
+def scrape_totals(text: str) -> dict[tuple[str, str | None], float]:
+    """(counter, position label) -> value, summed over the other labels, of vLLM's spec-decode
+    counters in a /metrics scrape. Written here, apart from the stage's reader (evaluate/engine.py):
+    a line is `name{label="v",...} value`, or `name value` without labels; `#` lines are comments."""
+    out: dict[tuple[str, str | None], float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith(_SPEC) or not line.split()[0].split("{")[0].endswith("_total"):
+            continue
+        if "{" in line:
+            name, rest = line.split("{", 1)
+            labels, value = rest.rsplit("}", 1)
+            position = next((part.split("=", 1)[1].strip('"') for part in labels.split(",")
+                             if part.split("=", 1)[0].strip() == "position"), None)
+        else:
+            name, value = line.split()[:2]
+            position = None
+        key = (name[len(_SPEC):].removesuffix("_total"), position)
+        out[key] = out.get(key, 0.0) + float(value.split()[0])
+    return out
+
+
+def engine_table(recorded: dict | None, outputs: list[dict], prompts: dict[str, Any], k: int) -> list[dict]:
+    """The engine's counters (after minus before) beside the replay's, recounted from its steps."""
+    recorded = recorded or {}
+    before = scrape_totals(str(recorded.get("metrics_before") or ""))
+    after = scrape_totals(str(recorded.get("metrics_after") or ""))
+    measured = bool(after)           # no scrape: every engine figure null, which no replay figure equals
+    engine = {key: int(after.get(key, 0.0) - before.get(key, 0.0)) for key in after}
+    steps = [(d, a) for r in outputs if r["proposer"] == "eagle3" and r["prompt_id"] in prompts
+             for d, a in zip(r["drafted"] or [], r["accepted"] or []) if d > 0]
+    rows = [("drafts", ("drafts", None), len(steps)),
+            ("draft_tokens", ("draft_tokens", None), sum(d for d, _ in steps)),
+            ("accepted", ("accepted_tokens", None), sum(a for _, a in steps))]
+    rows += [(f"accepted_at_position_{i}", ("accepted_tokens_per_pos", str(i - 1)),
+              sum(1 for _, a in steps if a >= i)) for i in range(1, k + 1)]
+    out = [{"counter": name, "engine": engine.get(key, 0) if measured else None, "replay": replay}
+           for name, key, replay in rows]
+    # A position past k accepted anything: the engine drafted more tokens than the replay.
+    extra = sum(v for (n, pos), v in engine.items() if n == "accepted_tokens_per_pos" and pos is not None
+                and int(pos) >= k)
+    out.append({"counter": f"accepted_past_position_{k}", "engine": extra if measured else None, "replay": 0})
+    return out
 
 
 def _modes(params: Any, prompts: dict[str, Any]) -> dict[str, str]:
@@ -123,6 +205,7 @@ def read_outputs(path: str) -> list[dict]:
     p = p / "outputs.parquet" if p.is_dir() else p
     cols = ["proposer", "setting", "prompt_id", "output_ids", "drafted", "accepted", "emitted"]
     try:
+        # The engine's rows hold no per-step lists (null): it reports counters, not steps.
         return pq.read_table(p, columns=cols).to_pylist()
     except FileNotFoundError:
         raise GateError(f"{p}: not found; run the eval stage (dvc repro eval)") from None
@@ -135,11 +218,14 @@ def check_row(r: dict, held: Any, greedy: Any, target: Any, k: int, max_new_toke
               end_ids: frozenset[int], tol: float) -> dict:
     out = list(r["output_ids"] or [])
     drafted, accepted, emitted = (list(r[c] or []) for c in ("drafted", "accepted", "emitted"))
+    # The engine's rows: no per-step lists to check (its counters are eval_engine's), none is "no steps".
+    counted = r["proposer"] != ENGINE_PROPOSER
     row = {"proposer": r["proposer"], "setting": r["setting"], "prompt_id": r["prompt_id"],
            "heldout": held is not None, "n_output": len(out), "n_greedy": None, "exact": False,
            "first_divergence": None, "divergence_gap": None, "tie": False, "ties_after": 0,
            "unexplained": 0, "stop_ok": stop_ok(out, max_new_tokens, end_ids),
-           "steps_ok": steps_ok(out, drafted, accepted, emitted, k), "verify_forwards": len(emitted)}
+           "steps_ok": steps_ok(out, drafted, accepted, emitted, k) if counted else None,
+           "verify_forwards": len(emitted)}
     if greedy is None:
         return row
     ref = greedy.ids

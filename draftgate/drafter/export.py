@@ -4,7 +4,9 @@ libraries themselves loaded: interop/check.py).
 
 - SGLang (`LlamaForCausalLMEagle3`, also SpecForge's class): config.json with `draft_vocab_size`,
   `target_hidden_size`, `tie_word_embeddings: false` and
-  `eagle_config.eagle_aux_hidden_state_layer_ids` (0-based decoder-layer outputs: SGLang adds 1).
+  `eagle_config.eagle_aux_hidden_state_layer_ids` (0-based decoder-layer outputs: SGLang adds 1),
+  and the same layers in vLLM's convention as a top-level `eagle_aux_hidden_state_layer_ids`
+  (vLLM reads that first; without it, it reads eagle_config's one layer early).
   Tensors `fc.weight`, `midlayer.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`; no
   `embed_tokens.weight` (SGLang and SpecForge share the target's).
 - speculators (what the speculators library and vLLM read): speculators 0.9.0's own format,
@@ -186,6 +188,11 @@ def _configs(c: DrafterConfig, layers: dict[str, list[int]], dtype: str, verifie
         "architectures": [SGLANG_ARCH], **layer,
         "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layers["eagle3"]), "use_aux_hidden_state": True},
+        # The same layers in vLLM's convention, for vLLM serving this layout: it reads a top-level
+        # list first and else takes eagle_config's as its own capture points, one layer early
+        # ([1, 14, 26] read as the inputs of those layers: acceptance 1.2107 against 1.2247 on the
+        # demo, docs/engines.md "Acceptance"). SGLang reads eagle_config's only (model_runner.py).
+        "eagle_aux_hidden_state_layer_ids": list(layers["sglang_vllm"]),
     }
     # Eagle3SpeculatorConfig's fields as speculators 0.9.0 saves them (save_pretrained); the
     # norm flags spelled out because a reader's default may differ (vLLM: norm_before_residual).

@@ -13,16 +13,20 @@ from pathlib import Path
 from typing import Any
 
 
-def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None) -> tuple[Any, dict]:
+def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None,
+             speculators_dir: Path | None = None) -> tuple[Any, dict]:
     """Every proposer of `eval.proposers` decoding the kept held-out prompts of `tokens` with the
     target: (the outputs table, the report: figures per setting, the drafter's and the n-gram
-    baseline's, SpecForge's proxy). The eval stage writes both; `_prompts`/`_rows` are its counts."""
+    baseline's, SpecForge's proxy). The eval stage writes both; `_prompts`/`_rows` are its counts.
+    With `eval.engine: vllm`, vLLM also decodes them with the speculators export (`speculators_dir`;
+    evaluate/engine.py): its outputs join the table (proposer "vllm", no per-step counts: the
+    engine reports counters), its counters the report (`engine`), and `_engine` is engine.json's record."""
     from draftgate.evaluate import ngram, stats
     from draftgate.evaluate.proposers import (
         Eagle3Proposer, NgramProposer, OracleProposer, RandomProposer)
     from draftgate.evaluate.run import (
-        Run, by_group, decode_all, end_ids_from_contract, heldout_rows, load_eagle3, mode_gap, outputs_table,
-        simulated_acceptance, summarise)
+        EvalError, Run, by_group, decode_all, end_ids_from_contract, heldout_rows, load_eagle3, mode_gap,
+        outputs_table, simulated_acceptance, summarise)
     from draftgate.hidden.target import load_target
 
     ep = params.eval
@@ -107,6 +111,27 @@ def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None
     for name in ("oracle", "random"):
         if name in summaries:
             report[name] = summaries[name]
+    table_runs = list(runs)
+    if ep.engine == "vllm":
+        from draftgate.evaluate import engine
+        from draftgate.evaluate.loop import Decoded
+
+        if speculators_dir is None or "eagle3" not in summaries:
+            raise EvalError("eval.engine vllm serves the speculators export with the eagle3 replay beside it: "
+                            "pass --speculators data/drafter/speculators and keep eagle3 in eval.proposers")
+        t0 = time.perf_counter()
+        replay = next(r for r in runs if r.setting == "eagle3").outputs
+        served, report["engine"], report["_engine"] = engine.measure(params, prompts, speculators_dir, end_ids, replay)
+        report["engine"]["seconds"] = round(time.perf_counter() - t0, 1)
+        table_runs.append(Run("vllm", engine.SETTING, [Decoded(ids, finish, None, None, None)
+                                                       for ids, finish in zip(served.ids, served.finish)], k))
+        report["_rows"] += len(prompts)
+        e = report["engine"]
+        print(f"  vllm engine: acceptance length {e['acceptance_length']:.4f} (vLLM's), replay "
+              f"{e['replay_acceptance_length']:.4f}; {e['drafts']} drafts (replay {e['replay_drafts']}), outputs "
+              f"equal to the replay's {e['outputs_equal_replay']}/{e['outputs']}, {e['seconds']} s")
+    else:
+        report["_engine"] = {"engine": "replay"}
     print(f"eval: done in {time.perf_counter() - started:.1f} s")
     for name in ("drafter", "ngram"):
         if name in report:
@@ -117,4 +142,4 @@ def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None
                 for g, v in r[group].items():
                     print(f"    {g:<14} {v['acceptance_length']:.3f} (95% CI {v['ci95']['low']:.3f}-"
                           f"{v['ci95']['high']:.3f}, {v['prompts']} prompts)")
-    return outputs_table(prompts, runs), report
+    return outputs_table(prompts, table_runs), report
