@@ -484,6 +484,10 @@ class HiddenParams:
     # offline: capture once into data/hidden shards; online: the stage writes only the manifest
     # and index, and training captures on demand with the target resident (docs/hidden-states.md).
     mode: Literal["offline", "online"] = "offline"
+    # in_process: transformers' forward in this process (torchrun for ranks); vllm: the real vLLM
+    # (section `engine`) prefills the rows and a draftgate KV connector hands over its captured
+    # states; same shards, index and manifest (docs/engines.md, "Hidden states"). Offline mode only.
+    backend: Literal["in_process", "vllm"] = "in_process"
     # embedded: the very SmolLM2 weights the local server generated with (draftgate/serve/model.py);
     # hf_dir: any HF causal-LM directory at `path`.
     kind: Literal["embedded", "hf_dir"] = "embedded"
@@ -508,6 +512,9 @@ class HiddenParams:
         out = []
         if self.kind == "hf_dir" and not self.path:
             out.append(("path", "kind hf_dir needs the model directory's path"))
+        if self.backend == "vllm" and self.mode == "online":
+            out.append(("backend", "online mode captures during training in this process; the vllm backend "
+                                   "writes offline shards: set mode: offline, or backend: in_process"))
         if self.layers is not None and len(self.layers) != 3:
             out.append(("layers", f"EAGLE-3 fuses exactly 3 auxiliary layers, got {self.layers}; "
                                   "null takes the default [1, N//2-1, N-4]"))

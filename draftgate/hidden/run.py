@@ -42,13 +42,14 @@ class Job:
     key: dict                         # what a resumed shard's record must equal
     fields: dict                      # the manifest's fields besides rows and shards
     started: float
+    engine: str | None = None         # backend vllm: the engine's distribution and version
 
 
 def run(params: Any, request: HiddenRequest) -> Any:
     """The metrics (draftgate.metrics.StageMetrics) on rank 0, None on the other ranks."""
     from draftgate.hidden.capture import layer_names, resolve_layers
     from draftgate.hidden.shards import ITEMSIZE, read_token_rows
-    from draftgate.hidden.target import check_served, load_target
+    from draftgate.hidden.target import check_served, describe_target, load_target
 
     w = dist.world()
     started = time.perf_counter()
@@ -59,12 +60,23 @@ def run(params: Any, request: HiddenRequest) -> Any:
         rows = read_token_rows(request.tokens)
         if not len(rows):
             raise HiddenError(f"{request.tokens}: no kept rows (quarantine_reason IS NULL); nothing to extract")
-        device = w.device(hp.device)
-        dist.init(w, device)
-        target = load_target(hp, device)
+        engine = None
+        if hp.backend == "vllm":      # the engine loads the weights; this process only plans and writes
+            from draftgate.engine.launch import engine_python
+            from draftgate.hidden.vllm_backend import engine_version
+
+            if w.size > 1:
+                raise HiddenError(f"hidden.backend vllm runs one driver, not {w.size} torchrun ranks: the engine "
+                                  "parallelises (engine.tensor_parallel); start the stage without torchrun")
+            target = describe_target(hp)
+            engine = engine_version(engine_python(params.engine.python))
+        else:
+            device = w.device(hp.device)
+            dist.init(w, device)
+            target = load_target(hp, device)
         served = _served(request, params, target, check_served) if w.rank == 0 else {"checked": 0, "skipped": "not checked"}
         layers = resolve_layers(hp.layers, target.num_layers)
-    except (ValueError, OSError) as e:   # ShardError, TargetError, DeviceError, bad layers: each names its fix
+    except (ValueError, OSError, RuntimeError) as e:   # ShardError, TargetError, DeviceError, EngineError, bad layers: each names its fix
         raise HiddenError(str(e)) from None
     key = {"tokens_sha256": rows.sha256, "weights_fingerprint": target.weights_fingerprint,
            "config_sha256": target.config_sha256, "layers": list(layers), "dtype": hp.dtype,
@@ -75,7 +87,12 @@ def run(params: Any, request: HiddenRequest) -> Any:
               "layers": layer_names(layers, target.num_layers), "final_state": "before_norm",
               "feature_bytes_per_token": 4 * target.hidden_size * ITEMSIZE[hp.dtype],
               "plan": {"batch_tokens": hp.batch_tokens, "shard_max_mb": hp.shard_max_mb}}
-    job = Job(request, params, w, rows, target, tuple(layers), served, key, fields, started)
+    if engine is not None:
+        # The engine's bits: its build and its tensor-parallel split, not torch's threads here.
+        key = {**{k: v for k, v in key.items() if k != "threads"}, "backend": "vllm", "engine": engine,
+               "tensor_parallel": params.engine.tensor_parallel}
+        fields = {**fields, "backend": "vllm", "engine": engine}
+    job = Job(request, params, w, rows, target, tuple(layers), served, key, fields, started, engine)
     return _online(job) if hp.mode == "online" else _offline(job)
 
 
@@ -102,7 +119,7 @@ def _offline(job: Job) -> Any:
     w, hp, rows, out = job.world, job.params.hidden, job.rows, job.request.out
     plans = plan_shards(rows.lengths, rows.prompt_ids, job.target.hidden_size, hp.dtype, hp.shard_max_mb,
                         hp.batch_tokens)
-    ok, error, stats, resumed = True, "", None, None
+    ok, error, resumed = True, "", None
     try:
         if w.rank == 0:
             resumed = resume(out, plans, rows, job.key)
@@ -112,15 +129,20 @@ def _offline(job: Job) -> Any:
         raise _fail(w, f"rank {w.rank}: resume failed {error}")
     todo = [p for p in assigned(plans, w.rank, w.size) if not sidecar(out, p.name).is_file()]
     extract_start = time.perf_counter()
+    figures = None
     try:
-        stats = extract(job.target, rows, todo, job.layers, hp.dtype, out, job.key)
+        if job.engine is not None:
+            from draftgate.hidden.vllm_backend import extract_with_engine
+
+            figures = extract_with_engine(job, todo)
+        else:
+            stats = extract(job.target, rows, todo, job.layers, hp.dtype, out, job.key)
+            figures = {"tokens": stats.tokens, "forward_s": stats.forward_s, "write_s": stats.write_s,
+                       "shards": stats.shards, "seconds": time.perf_counter() - extract_start}
     except Exception as e:
         ok, error = False, f"{type(e).__name__}: {e}"
-    seconds = time.perf_counter() - extract_start
     all_ok = dist.broadcast_ok(w, ok)
-    gathered = dist.gather(w, None if stats is None else
-                           {"tokens": stats.tokens, "forward_s": stats.forward_s, "write_s": stats.write_s,
-                            "shards": stats.shards, "seconds": seconds})
+    gathered = dist.gather(w, figures)
     if not all_ok:
         raise _fail(w, f"rank {w.rank}: extraction failed {error}; rerun resumes from the finished shards")
     metrics = None
@@ -163,7 +185,7 @@ def _metrics(job: Job, manifest: dict, plans: list, resumed: Any, gathered: list
         "world_size": w.size,
         "served_check_rows": served.get("checked", 0),
         "served_check": served.get("skipped", "the responses' request hashes name these weights"),
-        "device": target.device,
+        "device": target.device if job.engine is None else job.engine,
         "weights_fingerprint": target.weights_fingerprint,
         "layers": manifest["layers"],
         "removed": resumed.removed[:20],

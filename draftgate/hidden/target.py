@@ -123,15 +123,17 @@ def load_target(hidden_params: HiddenParams, device: str | None = None, param: s
     import torch
 
     from draftgate.device import resolve_device
-    from draftgate.serve.model import _quiet_transformers
 
     dev = resolve_device(device or hidden_params.device, param if device else "hidden.device")
     dtype = getattr(torch, hidden_params.compute_dtype)
-    _quiet_transformers()
-    if hidden_params.kind == "embedded":
-        model, path, weights_fp, tok_fp, template = _embedded(dtype, hidden_params.layers)
-    else:
-        model, path, weights_fp, tok_fp, template = _hf_dir(hidden_params, dtype)
+
+    def weights(path: Path) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                    trust_remote_code=hidden_params.trust_remote_code)
+
+    model, path, weights_fp, tok_fp, template = _resolve(hidden_params, weights)
     model.eval().requires_grad_(False).to(dev)
     return Target(model=model, config=model.config, kind=hidden_params.kind, path=path, device=dev,
                   compute_dtype=hidden_params.compute_dtype, weights_fingerprint=weights_fp,
@@ -160,23 +162,36 @@ def check_layers(layers: list[int] | None, config_path: Path) -> None:
                           "EAGLE-3's [1, N//2-1, N-4]")
 
 
-def _embedded(dtype: Any, layers: list[int] | None = None) -> tuple[Any, str, str, str, str]:
-    from transformers import AutoModelForCausalLM
+def describe_target(hidden_params: HiddenParams) -> Target:
+    """The target of `hidden_params` without its weights in memory (`model` None): the config,
+    fingerprints and template, for a backend whose engine loads the weights itself
+    (hidden.backend: vllm). Its `config_sha256` equals load_target's (the same config.json)."""
+    from transformers import AutoConfig
 
-    from draftgate.serve.model import cached_weights, smollm2_tokenizer
+    def config_only(path: Path) -> Any:
+        return AutoConfig.from_pretrained(path, trust_remote_code=hidden_params.trust_remote_code)
 
-    # The same entry, the same loader and the same tokenizer object the server uses (load()):
-    # its fingerprint is the server's `identity["weights"]`.
-    weights = cached_weights()
-    check_layers(layers, weights.path / "config.json")
-    model = AutoModelForCausalLM.from_pretrained(weights.path, dtype=dtype)
-    tok = smollm2_tokenizer()
-    return model, str(weights.path), weights.fingerprint, tok.fingerprint, tok.hf.chat_template or ""
+    config, path, weights_fp, tok_fp, template = _resolve(hidden_params, config_only)
+    return Target(model=None, config=config, kind=hidden_params.kind, path=path, device="engine",
+                  compute_dtype=hidden_params.compute_dtype, weights_fingerprint=weights_fp,
+                  tokenizer_fingerprint=tok_fp,
+                  chat_template_sha256=hashlib.sha256(template.encode("utf-8")).hexdigest())
 
 
-def _hf_dir(hp: HiddenParams, dtype: Any) -> tuple[Any, str, str, str, str]:
-    from transformers import AutoModelForCausalLM
+def _resolve(hp: HiddenParams, load: Any) -> tuple[Any, str, str, str, str]:
+    """`load(weights folder)` (the model, or only its config) and the target's fingerprints."""
+    from draftgate.serve.model import _quiet_transformers
 
+    _quiet_transformers()
+    if hp.kind == "embedded":
+        from draftgate.serve.model import cached_weights, smollm2_tokenizer
+
+        # The same entry, the same loader and the same tokenizer object the server uses (load()):
+        # its fingerprint is the server's `identity["weights"]`.
+        weights = cached_weights()
+        check_layers(hp.layers, weights.path / "config.json")
+        tok = smollm2_tokenizer()
+        return load(weights.path), str(weights.path), weights.fingerprint, tok.fingerprint, tok.hf.chat_template or ""
     from draftgate.config import TokenizerParams
     from draftgate.tokenizers import load_tokenizer
 
@@ -188,9 +203,9 @@ def _hf_dir(hp: HiddenParams, dtype: Any) -> tuple[Any, str, str, str, str]:
     if not files:
         raise TargetError(f"{path}: no *.safetensors or *.bin weight files")
     check_layers(hp.layers, path / "config.json")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=hp.trust_remote_code)
+    loaded = load(path)
     tok = load_tokenizer(TokenizerParams(kind="hf_dir", path=str(path), trust_remote_code=hp.trust_remote_code))
-    return model, str(path), weights_fingerprint(files), tok.fingerprint, tok.hf.chat_template or ""
+    return loaded, str(path), weights_fingerprint(files), tok.fingerprint, tok.hf.chat_template or ""
 
 
 def weights_fingerprint(files: list[Path]) -> str:
