@@ -16,8 +16,9 @@ official chat template (official.py: the model directory's, or the one embedded 
 GGUF) and with the template as code, and records both texts per probe: any byte difference fails
 the template gate (expectations/template.json), which compares the two texts itself. A covering
 corpus (templates/shapes.py) holds every conversation shape the prompts stage admits, in each
-serving mode; each probe carries its shape features, and the contract (shape_coverage) and the
-gate both fail when a shape the code template renders was never compared.
+serving mode; each probe carries its conversation (messages, tools) and its shape features, and the
+contract (shape_coverage, from those features) and the gate (draftgate/checks/template.py, from the
+conversation, never the features) both fail when a shape the code template renders was never compared.
 """
 
 from __future__ import annotations
@@ -90,7 +91,12 @@ class TemplateProbe:
     first_diff: int | None               # character offset of the first difference, when any
     diff_context: str | None             # the official and code text around it
     detail: str | None                   # why a side did not render
-    features: tuple[str, ...] = ()       # its shape features (templates/shapes.py)
+    # The conversation itself, as the prompts stage stores one (prompts.compact_json: JSON text,
+    # key order kept, since a template renders tools in their order): gate_template reads its
+    # shape features again from these (draftgate/checks/template.py), never from `features`.
+    messages: str
+    tools: str | None
+    features: tuple[str, ...] = ()       # its shape features (templates/shapes.py), the stage's own label
 
     @property
     def ok(self) -> bool:
@@ -170,8 +176,9 @@ class TemplateContract:
                 "ok": self.ok, "complete": self.complete}
 
     def document(self) -> dict[str, Any]:
-        """What gate_template reads (contract.json): the probes with their renders and features, the
-        shape catalogue it counts them against, and the contract's own count (the gate recounts)."""
+        """What gate_template reads (contract.json): the probes with their renders and conversations
+        (the gate finds their shape features itself), and, for readers, the stage's own labels, the
+        shape catalogue and the contract's own count."""
         from draftgate.templates.shapes import FEATURES
 
         return {"template_probes": [p.to_dict() for p in self.probes],
@@ -239,6 +246,7 @@ def check_contract(tok: Any, special_names: Iterable[str], expected_ids: Mapping
 def check_template(template: Any, official: Any, probes: Sequence[Any]) -> TemplateContract:
     """Render every probe with the official template and with the template as code."""
     from draftgate.official import OfficialTemplateError
+    from draftgate.prompts import compact_json
     from draftgate.templates.base import TemplateError, render_text
     from draftgate.templates.shapes import shape_features
 
@@ -270,6 +278,7 @@ def check_template(template: Any, official: Any, probes: Sequence[Any]) -> Templ
             lo = max(0, diff - 30)
             context = f"official {official_text[lo:diff + 40]!r} | code {code[lo:diff + 40]!r}"
         out.append(TemplateProbe(p.name, p.thinking, status, official_text, code, diff, context, detail,
+                                 compact_json(p.messages), None if p.tools is None else compact_json(p.tools),
                                  shape_features(p.messages, p.tools)))
     return TemplateContract(template.name, official.to_dict() if official is not None else None, tuple(out))
 

@@ -28,6 +28,7 @@ from draftgate.templates import get_template
 from draftgate.templates.probes import PROBES
 from draftgate.templates.shapes import covering_corpus
 from reconstruct_fixtures import reconstruct_tables
+from stages import gate_template
 from test_official import SUITE as TEMPLATE_SUITE
 from test_reconstruct_gate import gate, greetings, names, tables
 
@@ -127,8 +128,8 @@ def template_gate(tmp_path_factory, smollm2_tok):
     first["code_text"] = first["code_text"][:at] + "usEr" + first["code_text"][at + 4:]
     (tmp / "contract.json").write_text(json.dumps({**contract.document(), "template_probes": probes}))
     (tmp / "params.yaml").write_text(yaml.safe_dump({"gates": {"template": {"min_compared": 1}}}))
-    code = gates.main([str(TEMPLATE_SUITE), str(tmp / "contract.json"), "--result", str(tmp / "r.json"),
-                       "--params", str(tmp / "params.yaml"), "--no-docs"])
+    code = gate_template.main([str(TEMPLATE_SUITE), str(tmp / "contract.json"), "--result", str(tmp / "r.json"),
+                               "--params", str(tmp / "params.yaml"), "--no-docs"])
     return {"code": code, "probe": first, "at": at, "result": json.loads((tmp / "r.json").read_text()), "tmp": tmp}
 
 

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from draftgate import schema
-from draftgate.gates import validate as gates
 from draftgate.config import TokenizerParams
 from draftgate.contract import check_template, template_roles
 from draftgate.official import gguf_chat_template, official_template
@@ -25,6 +24,7 @@ from draftgate.templates.probes import PROBES
 from draftgate.templates.shapes import covering_corpus
 from draftgate.tokenizers import load_tokenizer, smollm2_gguf
 from reconstruct_fixtures import reconstruct_tables
+from stages import gate_template
 
 SUITE = Path(__file__).resolve().parents[1] / "expectations" / "template.json"
 # What the template gate needs to pass: the probes and every shape the prompts stage admits.
@@ -52,8 +52,8 @@ def run_template_gate(tmp_path: Path, result) -> tuple[int, set]:
     doc = tmp_path / "contract.json"
     doc.write_text(json.dumps(result.document()))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"gates": {"template": {"min_compared": 1}}}))
-    code = gates.main([str(SUITE), str(doc), "--result", str(tmp_path / "r.json"),
-                       "--params", str(tmp_path / "params.yaml"), "--no-docs"])
+    code = gate_template.main([str(SUITE), str(doc), "--result", str(tmp_path / "r.json"),
+                               "--params", str(tmp_path / "params.yaml"), "--no-docs"])
     r = json.loads((tmp_path / "r.json").read_text())
     return code, {e["kwargs"].get("column") for e in r["expectations"] if not e["success"]}
 

@@ -3,6 +3,7 @@
     hidden.py    the hidden-state shards against the tokens table and the target (a forward pass)
     drafter.py   the exports by each engine's naming rules; the vocabulary map rebuilt from tokens
     eval.py      plain greedy decoding with the target, held against every speculative output
+    template.py  each template probe's stored conversation read again into shape features, counted per mode
 
 Each module's `compute(inputs, params_path) -> Computed` is handed to the generic engine
 (draftgate/gates) by its gate stage (stages/gate_<name>.py): the engine imports nothing from here,

@@ -4,7 +4,8 @@ A suite names the check it needs (`"compute": "hidden"`); the gate stage that ru
 engine that check as a function (stages/gate_hidden.py passes draftgate.checks.hidden.compute).
 The check reads the raw artifacts of the gate's named inputs (tensors, weights) and returns Arrow
 tables that the suite's `view` reads like any input, plus a JSON report kept in the gate's result
-file (`computed.report`). Judgement stays in the suite: a check measures (hashes, shapes, hits,
+file (`computed.report`); a report's `tables` (name -> {"note", "columns", "rows": [row dicts]}) are shown whole
+on the gate's page (page.py). Judgement stays in the suite: a check measures (hashes, shapes, hits,
 errors) and the view and its expectations decide, with thresholds from params.yaml like every
 other gate.
 

@@ -237,12 +237,32 @@ def render(result: dict, where: dict[str, str] | None = None, record: str | None
             parts.append(f'<tr id="check-{i}"><td>{i}</td><td>{html.escape(title(e))}</td>'
                          f"<td>{html.escape(obs)}</td><td>{html.escape(expected(e))}</td></tr>")
         parts.append("</table></div>")
+    parts += _computed_tables(result, record)
     facts = [f"record: <code>{html.escape(record)}</code>" if record else "",
              f"suite sha256 <code>{html.escape(str(result.get('suite_sha256'))[:12])}</code>" if result.get("suite_sha256") else "",
              f"artifact sha256 <code>{html.escape(str((result.get('artifact') or {}).get('sha256'))[:12])}</code>"
              if (result.get("artifact") or {}).get("sha256") else ""]
     parts.append("<p class=muted>" + " · ".join(f for f in facts if f) + "</p></body></html>\n")
     return "".join(parts)
+
+
+def _computed_tables(result: dict, record: str | None) -> list[str]:
+    """The tables a gate's check put in its report (`computed.report.tables`: name -> {note, columns,
+    rows}), each whole: what the gate recomputed, for a reviewer to read beside the verdict. Columns
+    in `columns`' order: the record's rows have their keys sorted, the gate's in memory do not."""
+    tables = ((result.get("computed") or {}).get("report") or {}).get("tables")
+    out = []
+    for name, table in (tables.items() if isinstance(tables, dict) else ()):
+        rows = table.get("rows") if isinstance(table, dict) else None
+        if not isinstance(rows, list):
+            continue
+        where = f" (<code>{html.escape(record)}</code>: computed.report.tables.{html.escape(name)})" if record else ""
+        out.append(f'<h2 id="computed-{html.escape(name)}">Computed by the gate: {html.escape(name)}, '
+                   f"{_n(len(rows))} rows</h2>")
+        if table.get("note"):
+            out.append(f'<p class="note">{html.escape(str(table["note"]))}{where}</p>')
+        out.append(_rows_table(rows, [str(c) for c in table.get("columns") or []]))
+    return out
 
 
 def _fix(where: dict, artifact: str | None, rerun: str, page_dir: Path, root: Path) -> str:

@@ -23,7 +23,8 @@ calls) | tool. Features, by family:
   turn with reasoning (there it decides whether that reasoning is kept).
 The serving mode (thinking on or off) is the other axis: coverage is counted per (feature, mode).
 
-How a feature is counted (contract.py `shape_coverage`, and gate_template again from the probes):
+How a feature is counted (contract.py `shape_coverage`; gate_template again, reading each probe's
+stored conversation with its own reader, draftgate/checks/template.py, never these labels):
 in a mode, a feature is held by the conversations of that mode that have it; admitted when the code
 template renders at least one of them (the prompts stage renders every prompt with the same code
 template and rejects what it refuses: template_unsupported); compared when the official template
