@@ -133,6 +133,14 @@ def engine_env(device: Literal["cpu", "cuda"], kvcache_gib: int, env: Mapping[st
     return out
 
 
+def _server_env(device: str) -> dict[str, str]:
+    """The server's own additions on CPU: its engine core in the server's process, one Python process
+    fewer to import vLLM into (a start here: 28.5 s -> 21.7 s); vLLM binds the forward to its own
+    cores either way. CUDA keeps vLLM's default, a process of its own. (Not for the hidden backend's
+    offline LLM: its KV connector writes its files from the engine core's own process.)"""
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if device == "cpu" else {}
+
+
 def launch_settings(engine_params: Any) -> dict[str, Any]:
     """running_vllm's keyword arguments from params.yaml's `engine` section (config.EngineParams)."""
     ep = engine_params
@@ -177,7 +185,8 @@ def running_vllm(model_dir: str | Path, *, python: str | Path | None = None, hos
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=engine_env(resolved, kvcache_gib, env), start_new_session=True)
+                                env=engine_env(resolved, kvcache_gib, {**_server_env(resolved), **(env or {})}),
+                                start_new_session=True)
     watchdog = _start_watchdog(proc.pid, stop_grace_s)
     url_host = f"[{host}]" if ":" in host else host
     engine = Engine(f"http://{url_host}:{port}/v1", proc.pid, log, served_name or model_dir.name, model_dir,
