@@ -203,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/engine_hidden.py: WRONG RESULT: the engine's shards differ from the in-process ones in "
               "layout or ids (docs/engines.md, Hidden states)", file=sys.stderr)
         return 1
+    # Measured (48 rows, 6,791 tokens, load 7-8 on 2 cores, OMP_NUM_THREADS=1): aux 1.33e-5, final
+    # 7.07e-5; stage 57.3 s through vLLM (first shard at 32.5 s, then 393 tok/s) vs 23.3 s in process (364 tok/s).
     return verdict("bench/engine_hidden.py", {f"{k}_rel_l2 <= 1e-3": agree[k]["max_rel_l2"] <= 1e-3
                                               for k in ("aux", "final")})
 
