@@ -144,7 +144,10 @@ def test_the_billing_convention_learned_from_the_engines_rows_is_counts_end(gene
     chatml = get_template("chatml")
     setup = Setup(smollm2_tok, chatml, {n: smollm2_tok.token_id(n) for n in chatml.special_names}, False)
     _, _, billing = reconstruct_tables(responses, prompts, setup)
-    (conv,) = billing["by_provider"].values()
+    # The engine's rows carry the backend's name, the key reconstruct.billing declares vLLM under.
+    assert {r["provider"] for r in responses.to_pylist()} == {"vllm"}
+    ((name, conv),) = billing["by_provider"].items()
+    assert name == "vllm"
     assert (conv["completion"], conv["completion_source"]) == ("counts_end", "learned")
     assert (conv["prompt_offset"], conv["prompt_source"]) == (0, "learned")
     assert billing["completion"]["row_agreement"] == 1.0 and not billing["disagreements"]

@@ -557,6 +557,10 @@ class _Runner:
             cost = cost_of(b.usage, self.p.price)
             return v, None, cost, self._failure(v, resp.status_code, resp.headers, b.error, b.completion, cost,
                                                 b.usage)
+        if comp.provider is None and self.p.backend == "vllm":
+            # vLLM names no provider in its body; its rows are billed by vLLM's convention, which
+            # reconstruct.billing declares under this name (a vLLM counts the end token it stopped on).
+            comp = replace(comp, provider="vllm")
         if comp.generation_id is None and resp.headers.get("x-generation-id"):
             gid = redact(resp.headers["x-generation-id"], secrets, patterns=False)
             redacted = comp.redacted + (("generation_id",) if gid != resp.headers["x-generation-id"] else ())
