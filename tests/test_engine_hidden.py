@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 
 import pytest
@@ -34,10 +35,20 @@ def stage_params(world, name: str, **hidden):
 
 
 def run_stage(world, name: str, params):
+    """The stage as dvc.yaml runs it: from its workspace, every path relative (the engine runs
+    elsewhere: a relative path handed to it would name nothing)."""
     from stages.hidden import main
 
-    out = world["root"] / name
-    return main(stage_args(world["root"], out, params)), out
+    root = world["root"]
+    out = root / name
+    args = [a.replace(f"{root}{os.sep}", "") for a in stage_args(root, out, params)]
+    assert str(root) not in " ".join(args)
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        return main(args), out
+    finally:
+        os.chdir(here)
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,7 @@ def extract_with_engine(job: Any, todo: Sequence[Any]) -> dict[str, Any]:
 
     hp, rows, out = job.params.hidden, job.rows, job.request.out
     stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0, "shards": 0, "seconds": 0.0}
-    spool = out / SPOOL
+    spool = (out / SPOOL).resolve()     # absolute: the engine runs with the spool as its cwd
     shutil.rmtree(spool, ignore_errors=True)
     if not todo:
         return stats
@@ -85,7 +85,7 @@ def extract_with_engine(job: Any, todo: Sequence[Any]) -> dict[str, Any]:
                           "offline LLM API); set engine.data_parallel: 1 and use engine.tensor_parallel for the GPUs")
     python = engine_python(ep.python)
     spec = {
-        "model": job.target.path, "spool": str(spool), "dtype": hp.compute_dtype,
+        "model": str(Path(job.target.path).resolve()), "spool": str(spool), "dtype": hp.compute_dtype,
         "layers": sorted(vllm_layers(job.layers, job.target.num_layers)),
         "max_model_len": max(len(rows.input_ids[i]) for p in todo for i in p.rows) + 1,   # + the one sampled token
         "engine_args": {"tensor_parallel_size": ep.tensor_parallel},
