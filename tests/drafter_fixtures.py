@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import yaml
 
 from hidden_fixtures import token_rows, write_gate, write_tokens
@@ -99,6 +100,18 @@ def shared_trained(ws: Workspace, tmp_path_factory, epochs: int = 3) -> Path:
         assert train_into(ws, out, ws.params(epochs=epochs)) == 0
         _CACHE[key] = out
     return _CACHE[key]
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """The session's shared workspace, as a fixture for the test modules that import it."""
+    return shared_workspace(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def trained(ws, tmp_path_factory):
+    """The session's shared trained drafter on `ws`, as a fixture."""
+    return shared_trained(ws, tmp_path_factory)
 
 
 def run_drafter_gate(ws: Workspace, trained: Path, tmp: Path, sglang: Path | None = None,

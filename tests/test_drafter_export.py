@@ -10,18 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from drafter_fixtures import run_drafter_gate, shared_trained, shared_workspace
+from drafter_fixtures import run_drafter_gate, trained, ws  # noqa: F401 (the module's fixtures)
 from draftgate.drafter import export as ex
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    return shared_workspace(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def trained(ws, tmp_path_factory):
-    return shared_trained(ws, tmp_path_factory)
 
 
 def layers(ws) -> dict:

@@ -16,18 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from drafter_fixtures import run_drafter_gate, shared_trained, shared_workspace
+from drafter_fixtures import run_drafter_gate, trained, ws  # noqa: F401 (the module's fixtures)
 from draftgate.drafter import export as ex
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    return shared_workspace(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def trained(ws, tmp_path_factory):
-    return shared_trained(ws, tmp_path_factory)
 
 
 def gate(ws, trained: Path, tmp: Path, sglang: Path | None = None, speculators: Path | None = None) -> tuple[int, set, dict]:

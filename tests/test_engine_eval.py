@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drafter_fixtures import run_drafter_gate, shared_trained, shared_workspace
+from drafter_fixtures import run_drafter_gate, trained, ws  # noqa: F401 (the module's fixtures)
 from engine_fixtures import START_TIMEOUT_S, engine_python
 from eval_fixtures import contract, tokens_table
 from hidden_fixtures import TEXTS
@@ -27,16 +27,6 @@ from hidden_fixtures import TEXTS
 PROMPTS = [TEXTS[6][0], TEXTS[3][0], TEXTS[4][0]]
 EVAL = {"proposers": ["eagle3"], "k": 3, "max_new_tokens": 24, "bootstrap_samples": 100, "device": "cpu",
         "threads": 1, "batch_size": 4, "engine": "vllm"}
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    return shared_workspace(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def trained(ws, tmp_path_factory):
-    return shared_trained(ws, tmp_path_factory)
 
 
 def write_params(path: Path, python: Path | None = None, **eval_) -> Path:
