@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.evaluate.proposers import Eagle3Proposer, NgramProposer
     from draftgate.evaluate.run import end_ids_from_contract, heldout_rows, load_eagle3
     from draftgate.evaluate.stats import PromptSteps, acceptance_length
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
     from draftgate.io import write_json
 
     params = load_params(args.params)

@@ -142,7 +142,7 @@ def main() -> int:
     from draftgate.hidden.extract import extract
     from draftgate.hidden.reader import OfflineFeatures
     from draftgate.hidden.shards import ITEMSIZE, merge, plan_shards
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
 
     hp = HiddenParams(device=args.device, dtype=args.dtype, compute_dtype=args.compute_dtype,
                       batch_tokens=args.batch_tokens, shard_max_mb=args.shard_max_mb)

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.drafter.vocab import vocab_from_tokens
     from draftgate.hidden.reader import OfflineFeatures, OnlineFeatures, read_manifest
     from draftgate.hidden.shards import read_token_rows
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
     from draftgate.io import write_json
 
     params = load_params(args.params)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.config import ParamsError, load_params
     from draftgate.gates.result import GateNotPassed, require_passed
     from draftgate.hidden.export import ExportError, export_data
-    from draftgate.hidden.target import TargetError
+    from draftgate.target import TargetError
     from draftgate.io import write_json
 
     try:

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.hidden.import_specforge import SpecForgeError, import_specforge
     from draftgate.hidden.importer import SpeculatorsError, import_speculators
     from draftgate.hidden.shards import ShardError
-    from draftgate.hidden.target import TargetError
+    from draftgate.target import TargetError
     from draftgate.io import write_json
 
     try:

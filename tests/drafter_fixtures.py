@@ -85,7 +85,7 @@ def shared_target():
     """The real SmolLM2 target on CPU, loaded once per session."""
     if "target" not in _CACHE:
         from draftgate.config import HiddenParams
-        from draftgate.hidden.target import load_target
+        from draftgate.target import load_target
 
         _CACHE["target"] = load_target(HiddenParams(device="cpu"), device="cpu")
     return _CACHE["target"]

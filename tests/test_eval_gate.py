@@ -33,7 +33,7 @@ def write_params(path: Path, floor: float = 1.0, mode_floor: float | None = 1.0,
 def staged(tmp_path_factory, smollm2_tok):
     from draftgate.config import HiddenParams
     from draftgate.drafter.export import export_sglang
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
     from draftgate.serve.model import resolve_end_ids
     from stages.eval import main
 
@@ -165,7 +165,7 @@ def test_a_divergence_to_the_runner_up_within_the_tolerance_is_counted_not_faile
     from draftgate.config import HiddenParams
     from draftgate.evaluate.loop import greedy_decode
     from draftgate.evaluate.run import heldout_rows
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
 
     schema = pq.read_schema(staged / "out" / "outputs.parquet")
     rows = pq.read_table(staged / "out" / "outputs.parquet").to_pylist()

@@ -17,7 +17,7 @@ NEW = 20
 @pytest.fixture(scope="module")
 def target():
     from draftgate.config import HiddenParams
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
 
     return load_target(HiddenParams(device="cpu"))
 

@@ -13,7 +13,7 @@ from hidden_fixtures import token_rows
 
 @pytest.fixture(scope="module")
 def target():
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
 
     return load_target(HiddenParams(), device="cpu")
 

@@ -35,7 +35,7 @@ class FeatureRow:
 @cache
 def target():
     from draftgate.config import HiddenParams
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
 
     return load_target(HiddenParams(device="cpu"), "cpu")
 

@@ -30,7 +30,7 @@ def work(tmp_path_factory, smollm2_tok):
 
 @pytest.fixture(scope="module")
 def target():
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
 
     return load_target(HiddenParams(), device="cpu")
 

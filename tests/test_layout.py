@@ -18,12 +18,10 @@ from dvc_deps import REPO, imported_modules
 # The stage libraries in dvc.yaml's order. client/ is left out: it is generate's library and also
 # the HTTP layer the engine, hidden and eval reuse.
 STAGE_LIBRARIES = ("prompts", "reconstruct", "repair", "hidden", "drafter", "evaluate")
-FLOOR = ("config", "io", "schema", "metrics", "cache", "device", "tokenizers", "templates", "official")
+FLOOR = ("config", "io", "schema", "metrics", "cache", "device", "tokenizers", "templates", "official", "target")
 KNOWN_UPWARD = {
     # provider request rules, applied as the prompts stage renders: a floor module (issue 29 item 7)
     ("draftgate/prompts_run.py", "reconstruct"),
-    # the project's target loader, kept inside hidden: draftgate/target.py (issue 29 item 7)
-    ("draftgate/repair/run.py", "hidden"),
     # the hidden-state exchange formats read the draft vocabulary: one exchange package (issue 29 item 7)
     ("draftgate/hidden/export.py", "drafter"),
     # the message fields the prompts stage admits, read by the template shapes: a floor constant
@@ -82,4 +80,4 @@ def test_the_rule_sees_a_stage_importing_a_later_one_and_the_floor_importing_a_s
     assert climbs("draftgate/reconstruct/core.py", {"draftgate.drafter.vocab", "draftgate.templates"}) \
         == {("draftgate/reconstruct/core.py", "drafter")}
     assert climbs("draftgate/io.py", {"draftgate.prompts_stream"}) == {("draftgate/io.py", "prompts")}
-    assert climbs("draftgate/evaluate/run.py", {"draftgate.hidden.target", "draftgate.drafter.model"}) == set()
+    assert climbs("draftgate/evaluate/run.py", {"draftgate.target", "draftgate.drafter.model"}) == set()

@@ -25,7 +25,7 @@ def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_training_l
 
 def test_a_layer_past_the_targets_count_is_refused_with_the_key_and_the_count():
     from draftgate.hidden.capture import resolve_layers
-    from draftgate.hidden.target import TargetError, load_target
+    from draftgate.target import TargetError, load_target
 
     hp = parse_params({"hidden": {"layers": [1, 14, 30], "device": "cpu"}}).hidden   # the params allow it ...
     with pytest.raises(TargetError) as e:                                          # ... SmolLM2-135M does not
@@ -37,7 +37,7 @@ def test_a_layer_past_the_targets_count_is_refused_with_the_key_and_the_count():
 
 def test_an_hf_dir_targets_layer_count_is_checked_from_its_config_before_any_weight_loads(tmp_path):
     from draftgate.config import HiddenParams
-    from draftgate.hidden.target import TargetError, load_target
+    from draftgate.target import TargetError, load_target
 
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 61}}))
     (tmp_path / "model.safetensors").write_bytes(b"")     # would fail to load: the check comes first

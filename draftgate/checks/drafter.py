@@ -236,7 +236,7 @@ def step0_check(sglang: Path, hidden: Path, tokens: Path, loss: Path, params: An
 
     from draftgate.drafter.export import ExportError, load_drafter
     from draftgate.drafter.vocab import training_rows
-    from draftgate.hidden.target import TargetError, load_target
+    from draftgate.target import TargetError, load_target
 
     gp = params.gates.drafter
     claimed = claimed_step0_loss(loss, gp.loss_window)

@@ -66,7 +66,7 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
     recorded = read_engine(inputs.get("engine"), ep.engine)
     engine = engine_table(recorded, outputs, prompts, ep.k) if ep.engine == "vllm" else []
 
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
 
     target = load_target(params.hidden, ep.device, "eval.device")
     named = [pid for pid in dict.fromkeys(r["prompt_id"] for r in outputs) if pid in prompts]

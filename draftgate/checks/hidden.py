@@ -139,7 +139,7 @@ _TARGETS: dict[str, Any] = {}
 def cached_target(hidden_params: Any, device: str) -> Any:
     """The target, loaded once per process and params (tests run several gates on the same weights)."""
     from draftgate.config import as_dict
-    from draftgate.hidden.target import TargetError, load_target
+    from draftgate.target import TargetError, load_target
 
     key = json.dumps([as_dict(hidden_params), device], sort_keys=True)
     if key not in _TARGETS:

@@ -513,7 +513,7 @@ def load_drafter(export_dir: str | Path, embed: Any = None, device: str = "cpu")
 
 def target_embedding(target: dict[str, Any]) -> Any:
     """The target's input embedding, read by name from its safetensors files (the embedded
-    target's from its cache entry: the manifest names it, draftgate/hidden/target.py)."""
+    target's from its cache entry: the manifest names it, draftgate/target.py)."""
     from safetensors import safe_open
 
     path = Path(target.get("path") or "")

@@ -44,7 +44,7 @@ def setup(params: Params, hidden_dir: Path, tokens_path: Path, target: Any = Non
     from draftgate.drafter.vocab import VocabError, vocab_from_tokens
     from draftgate.hidden.reader import open_features, read_manifest
     from draftgate.hidden.shards import ShardError
-    from draftgate.hidden.target import TargetError, load_target
+    from draftgate.target import TargetError, load_target
     from draftgate.io import file_sha256
 
     try:

@@ -58,7 +58,7 @@ def served_model(hidden_params: Any) -> ServedModel:
         raise TargetError(f"{path}: no *.safetensors or *.bin weight files for vLLM to load")
     tok = load_tokenizer(TokenizerParams(kind="hf_dir", path=str(path),
                                          trust_remote_code=hidden_params.trust_remote_code))
-    # hidden/target.py's weights_fingerprint recipe: sha256 over each weight file's name and sha256.
+    # draftgate/target.py's weights_fingerprint recipe: sha256 over each weight file's name and sha256.
     weights = cache.fingerprint({p.name: cache.file_sha256(p) for p in files})
     return ServedModel(path, {"weights": weights, "tokenizer": tok.fingerprint,
                               "chat_template": text_sha256(tok.hf.chat_template or "")})

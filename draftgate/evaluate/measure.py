@@ -27,7 +27,7 @@ def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None
     from draftgate.evaluate.run import (
         EvalError, Run, by_group, decode_all, end_ids_from_contract, heldout_rows, load_eagle3, mode_gap,
         outputs_table, simulated_acceptance, summarise)
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
 
     ep = params.eval
     prompts = heldout_rows(tokens, ep.max_prompts)

@@ -137,7 +137,7 @@ def export_data(hidden_dir: Path, tokens_path: Path, out: Path, params: Any, tar
     from draftgate.drafter.vocab import VocabError
     from draftgate.hidden.reader import OfflineFeatures
     from draftgate.hidden.shards import ShardError
-    from draftgate.hidden.target import load_target
+    from draftgate.target import load_target
     from draftgate.io import safetensors_bytes, write_json
 
     start = time.perf_counter()

@@ -140,7 +140,7 @@ def target_identity(hp: Any) -> Any:
     import torch  # noqa: F401  (transformers' config classes want it importable)
     from transformers import AutoConfig
 
-    from draftgate.hidden.target import Target, TargetError, weights_fingerprint
+    from draftgate.target import Target, TargetError, weights_fingerprint
 
     if hp.kind == "embedded":
         from draftgate.serve.model import cached_weights, smollm2_tokenizer

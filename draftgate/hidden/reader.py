@@ -193,7 +193,7 @@ def open_features(hidden_params: Any, hidden_dir: str | Path, tokens_path: str |
         raise ShardError(f"{hidden_dir}: its manifest names another tokens table than {tokens_path}; "
                          "rerun the hidden stage")
     if target is None:
-        from draftgate.hidden.target import load_target
+        from draftgate.target import load_target
 
         target = load_target(hidden_params)
     if target.weights_fingerprint != manifest["model"]["weights_fingerprint"]:

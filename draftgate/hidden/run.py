@@ -49,7 +49,7 @@ def run(params: Any, request: HiddenRequest) -> Any:
     """The metrics (draftgate.metrics.StageMetrics) on rank 0, None on the other ranks."""
     from draftgate.hidden.capture import layer_names, resolve_layers
     from draftgate.hidden.shards import ITEMSIZE, read_token_rows
-    from draftgate.hidden.target import check_served, describe_target, load_target
+    from draftgate.target import check_served, describe_target, load_target
 
     w = dist.world()
     started = time.perf_counter()

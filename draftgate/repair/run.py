@@ -232,7 +232,7 @@ def make_scorer(params: RepairParams, sampling: Sampling, hidden: Any = None) ->
     from draftgate.repair.score import HFScorer, SglangScorer, VllmScorer
 
     if params.backend == "hf":
-        from draftgate.hidden.target import load_target
+        from draftgate.target import load_target
 
         target = load_target(hidden, params.device, "repair.device")
         return HFScorer(target.model, sampling, params.branch_tokens)

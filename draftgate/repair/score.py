@@ -123,7 +123,7 @@ def tempered_logprobs(logits: Any, sampling: Sampling) -> Any:
 
 
 class HFScorer:
-    """The HF target in process (hidden/target.py's Target.model, or serve/model.py's LocalModel.model).
+    """The HF target in process (draftgate/target.py's Target.model, or serve/model.py's LocalModel.model).
 
     `score` runs the decoder once over ids, keeps its KV cache and its last hidden states (n x H:
     small, unlike logits over the vocabulary), and applies the LM head only where it is needed.

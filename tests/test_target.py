@@ -12,7 +12,7 @@ import pytest
 
 from draftgate.client.request import build_body, prompt_from_row, request_hash
 from draftgate.config import GenerateParams, HiddenParams
-from draftgate.hidden.target import TargetError, check_served, load_target
+from draftgate.target import TargetError, check_served, load_target
 
 
 @pytest.fixture(scope="module")
