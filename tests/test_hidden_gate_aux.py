@@ -95,3 +95,19 @@ def test_a_swap_of_only_the_highest_slot_fails_the_chain_to_the_final_state(worl
 def test_a_swap_of_only_the_middle_slot_fails_its_margin_to_the_lowest(world):
     result = run_hidden_gate(swap_aux(world, "swap_mid", slice(1, 2)), world["tokens"], world["params"])
     assert failed(result) == {"row_mid_margin"}
+
+
+def test_the_middle_margin_holds_for_a_row_that_repeats_itself_and_drops_for_another_rows_slot():
+    # A row that repeats with a period dividing half its length is its own text half a row away:
+    # the one-shift baseline read such a (true) row sampled by vLLM as 0.069, under the 0.1 floor.
+    import torch
+
+    from draftgate.checks.hidden import mid_margin
+
+    g = torch.Generator().manual_seed(0)
+    period = torch.randn(8, 64, generator=g)
+    low = period.repeat(8, 1)                                       # 64 positions, period 8
+    mid = low + 0.8 * torch.randn(low.shape, generator=g)           # the residual keeps each token's direction
+    other = torch.randn(8, 64, generator=g).repeat(8, 1) + 0.8 * torch.randn(low.shape, generator=g)
+    assert mid_margin(low, mid) > 0.3
+    assert abs(mid_margin(low, other)) < 0.05
