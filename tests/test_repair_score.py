@@ -138,7 +138,7 @@ def loopback(handle):
 
 
 def local_route(lm):
-    from draftgate.repair.route import RouteError, score_completions_request
+    from draftgate.serve.score import RouteError, score_completions_request
 
     def handle(path, body):
         assert path == "/v1/completions"
@@ -151,7 +151,7 @@ def local_route(lm):
 
 def sglang_from(lm, shift: int = 0):
     """SGLang's /generate answer, built from the local route's vLLM-shaped one (scripted shape)."""
-    from draftgate.repair.route import score_completions_request
+    from draftgate.serve.score import score_completions_request
 
     def handle(path, body):
         assert path == "/generate" and body["sampling_params"]["max_new_tokens"] == 0

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from draftgate.serve.batcher import Batcher
-from draftgate.serve.http import BATCHER_KEY, IDS_KEY, LM_KEY
+from draftgate.serve.keys import BATCHER_KEY, IDS_KEY, LM_KEY
 from draftgate.serve.model import LocalModel, Sampling
 from draftgate.serve.protocol import (ChatRequest, RequestError, completion_body, decode, logprob_entry,
                                       parse_request, render_prompt, sampling_for, usage)

@@ -1,6 +1,6 @@
 """The local server's aiohttp application: shared state, error shapes, and its routes.
 
-`build_app` holds the model, the batcher and the completion-id counter under app keys, turns
+`build_app` holds the model, the batcher and the completion-id counter under app keys (keys.py), turns
 every RequestError (and aiohttp's own 404/405) into an OpenAI-shaped JSON error, and mounts each
 route module's ROUTES: `chat` serves POST /v1/chat/completions, `score` POST /v1/completions (prompt_logprobs, for repair); GET /v1/models and GET /health
 live here. A new route is a module with its handlers and a ROUTES list, added in build_app.
@@ -15,19 +15,14 @@ from typing import Any
 from aiohttp import web
 
 from draftgate.config import ServeParams
+from draftgate.serve import chat, score
 from draftgate.serve.batcher import Batcher
+from draftgate.serve.keys import BATCHER_KEY, IDS_KEY, LM_KEY
 from draftgate.serve.model import LocalModel
 from draftgate.serve.protocol import CompletionIds, RequestError
 
-LM_KEY = web.AppKey("lm", LocalModel)
-BATCHER_KEY = web.AppKey("batcher", Batcher)
-IDS_KEY = web.AppKey("completion_ids", CompletionIds)
-
 
 def build_app(lm: LocalModel, params: ServeParams) -> web.Application:
-    # Route modules read the app's state through the keys above, so they are imported here.
-    from draftgate.serve import chat, score
-
     app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
     app[LM_KEY] = lm
     app[IDS_KEY] = CompletionIds()     # per server: a fresh run numbers repeats from zero again
