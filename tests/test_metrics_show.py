@@ -26,8 +26,8 @@ DVC = str(Path(sys.executable).parent / "dvc")
 # What each metric file's stage keeps in its details beyond the common rule.
 DETAILS_ONLY = {"metrics/eval.json": eval_stage.DETAILS_ONLY,
                 "metrics/mismatch.json": reconstruct_stage.MISMATCH_DETAILS_ONLY}
-MAX_COLUMNS = 240          # the whole table; 218 with this pipeline's metrics
-TERMINAL = 280             # one line of the eval figures, or of every gate's verdict
+MAX_COLUMNS = 180          # the whole table; 167 with this pipeline's metrics (218 while the gates showed their figures)
+TERMINAL = 280             # one line of the eval figures, or of the ten gates' verdicts
 
 
 def declared_metrics() -> list[tuple[str, bool]]:
@@ -70,11 +70,9 @@ def test_the_eval_line_shows_each_proposers_acceptance_length_with_its_interval_
     assert max(map(len, lines)) <= TERMINAL
 
 
-def test_every_gate_shows_its_verdict_in_the_same_four_columns_and_the_eval_gates_line_fits_a_terminal(project):
+def test_every_gate_shows_its_verdict_in_the_same_four_columns_and_all_ten_fit_a_terminal(project):
     gates = [p for p, by_gate in declared_metrics() if by_gate]
     lines = dvc_metrics_show(project, *gates)
     assert len(lines) == 1 + len(gates)
-    verdict = [c for c in lines[0].split()[1:] if "." not in c]
-    assert verdict == ["checks", "failed", "rows", "success"]
-    shown = dvc_metrics_show(project, "data/gates/eval.json")
-    assert max(map(len, shown)) <= TERMINAL
+    assert lines[0].split()[1:] == ["checks", "failed", "rows", "success"]    # every committed gate passes
+    assert max(map(len, lines)) <= TERMINAL

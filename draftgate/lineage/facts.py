@@ -16,6 +16,7 @@ import math
 import re
 from typing import Any
 
+from draftgate.gates.result import figures as gate_figures
 from draftgate.lineage.pipeline import Artifact, Pipeline, Stage, flatten
 from draftgate.lineage.snapshot import Snapshot
 
@@ -81,6 +82,8 @@ def gate(snap: Snapshot, pipe: Pipeline, st: Stage) -> dict:
                figures=numbers(m.get("observed") or {}), unexpected=numbers(m.get("unexpected") or {}))
     d = details(snap, pipe, metric_file)
     if d:
+        # the observed figures live in the details (gates/result.py `metric`); older metric files held them
+        out["figures"] = numbers(gate_figures(d)) or out["figures"]
         out["suite_sha256"] = d.get("suite_sha256")
         out["suite_name"] = d.get("suite")
         if d.get("error"):
