@@ -4,7 +4,7 @@ python -m stages.export_data --params params.yaml --hidden data/hidden --tokens 
     --gate data/gates/hidden.json --out data/export [--formats specforge,speculators] [--metrics FILE]
 
 Refuses to run unless the hidden gate passed (the rows are the ones it judged). The layouts and how
-each library's own loader reads them: draftgate/hidden/export.py, docs/interop.md ("Gated data out").
+each library's own loader reads them: draftgate/exchange/export.py, docs/interop.md ("Gated data out").
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate.config import ParamsError, load_params
     from draftgate.gates.result import GateNotPassed, require_passed
-    from draftgate.hidden.export import ExportError, export_data
+    from draftgate.exchange.export import ExportError, export_data
     from draftgate.target import TargetError
     from draftgate.io import write_json
 

@@ -1,9 +1,9 @@
 """Stage `import_hidden`: hidden states extracted by another tool -> draftgate.hidden/1.
 
-speculators (vLLM's extraction; draftgate/hidden/importer.py):
+speculators (vLLM's extraction; draftgate/exchange/importer.py):
 python -m stages.import_hidden --params params.yaml --hs DIR --dataset DIR \
     --tokens data/repair/tokens.parquet --out data/hidden [--vllm-layers 2,15,27] [--metrics FILE]
-SpecForge (SGLang's; draftgate/hidden/import_specforge.py; the final state stays after the norm,
+SpecForge (SGLang's; draftgate/exchange/import_specforge.py; the final state stays after the norm,
 declared in the manifest):
 python -m stages.import_hidden --format specforge --params params.yaml --hs DIR \
     --tokens data/repair/tokens.parquet --out data/hidden [--layers 1,14,26] [--metrics FILE]
@@ -48,8 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate.config import ParamsError, load_params
-    from draftgate.hidden.import_specforge import SpecForgeError, import_specforge
-    from draftgate.hidden.importer import SpeculatorsError, import_speculators
+    from draftgate.exchange.import_specforge import SpecForgeError, import_specforge
+    from draftgate.exchange.importer import SpeculatorsError, import_speculators
     from draftgate.hidden.shards import ShardError
     from draftgate.target import TargetError
     from draftgate.io import write_json

@@ -66,7 +66,7 @@ def side_run(world):
     from safetensors.torch import load_file, save_file
 
     from draftgate.config import load_params
-    from draftgate.hidden.export import export_data
+    from draftgate.exchange.export import export_data
 
     t = target()
     src = world["root"] / "specforge_src"

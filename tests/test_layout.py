@@ -15,15 +15,15 @@ from pathlib import Path
 
 from dvc_deps import REPO, imported_modules
 
-# The stage libraries in dvc.yaml's order. client/ is left out: it is generate's library and also
-# the HTTP layer the engine, hidden and eval reuse.
-STAGE_LIBRARIES = ("prompts", "reconstruct", "repair", "hidden", "drafter", "evaluate")
+# The stage libraries in dvc.yaml's order, then exchange/ (the side stages export_data and
+# import_hidden, outside dvc.yaml: they read hidden's shards and drafter's vocabulary, so they sit
+# above both and nothing of the pipeline imports them). client/ is left out: it is generate's
+# library and also the HTTP layer the engine, hidden and eval reuse.
+STAGE_LIBRARIES = ("prompts", "reconstruct", "repair", "hidden", "drafter", "evaluate", "exchange")
 FLOOR = ("config", "io", "schema", "metrics", "cache", "device", "tokenizers", "templates", "official", "target")
 KNOWN_UPWARD = {
     # provider request rules, applied as the prompts stage renders: a floor module (issue 29 item 7)
     ("draftgate/prompts_run.py", "reconstruct"),
-    # the hidden-state exchange formats read the draft vocabulary: one exchange package (issue 29 item 7)
-    ("draftgate/hidden/export.py", "drafter"),
     # the message fields the prompts stage admits, read by the template shapes: a floor constant
     ("draftgate/templates/shapes.py", "prompts"),
 }

@@ -18,7 +18,7 @@ sorted, and the keys (docs/interop.md, "SpecForge's offline files"):
   are and declares `final_state: after_norm` in the manifest; the hidden gate recomputes under
   that declaration (docs/interop.md, "The final state").
 
-As the speculators importer (draftgate/hidden/importer.py), this one converts and does not judge:
+As the speculators importer (draftgate/exchange/importer.py), this one converts and does not judge:
 each file becomes one row under the kept tokens row with exactly its ids (each used once, in table
 order), else `specforge:<i>` (i: the file's position in that sorted list), which the gate
 fails as a row without a kept tokens row.
@@ -119,7 +119,7 @@ def import_specforge(ckpt_dir: Path, tokens_path: Path, out: Path, hp: Any,
     import numpy as np
 
     from draftgate.hidden.capture import resolve_layers
-    from draftgate.hidden.importer import assign_prompt_ids, target_identity, write_imported
+    from draftgate.exchange.importer import assign_prompt_ids, target_identity, write_imported
     from draftgate.hidden.shards import TokenRows, read_token_rows
 
     start = time.perf_counter()
