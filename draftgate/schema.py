@@ -7,6 +7,16 @@ from __future__ import annotations
 
 from functools import cache
 
+# Keys a message of the `messages` column may carry, per role: what the prompts stage admits and
+# the template shapes (templates/shapes.py) cover. Null-valued keys count as absent: Parquet
+# struct columns fill every field a sibling row has with null.
+MESSAGE_KEYS = {
+    "system": {"role", "content", "name"},
+    "user": {"role", "content", "name"},
+    "assistant": {"role", "content", "name", "tool_calls", "reasoning_content"},
+    "tool": {"role", "content", "name", "tool_call_id"},
+}
+
 
 @cache
 def prompts():

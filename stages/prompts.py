@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from draftgate.config import ParamsError, load_params
     from draftgate.gates.result import GateNotPassed, require_passed
-    from draftgate.prompts_run import PromptsRequest, run
+    from draftgate.prompts.run import PromptsRequest, run
 
     try:
         params = load_params(args.params)

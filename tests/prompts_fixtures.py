@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 from draftgate.config import PromptsParams
 from draftgate.prompts import RawRecord, Tally, raw_files, read_raw
-from draftgate.prompts_stream import ingest_to_files
+from draftgate.prompts.stream import ingest_to_files
 
 
 @dataclass(frozen=True)

@@ -20,21 +20,17 @@ from dvc_deps import REPO, imported_modules
 # above both and nothing of the pipeline imports them). client/ is left out: it is generate's
 # library and also the HTTP layer the engine, hidden and eval reuse.
 STAGE_LIBRARIES = ("prompts", "reconstruct", "repair", "hidden", "drafter", "evaluate", "exchange")
-FLOOR = ("config", "io", "schema", "metrics", "cache", "device", "tokenizers", "templates", "official", "target")
-KNOWN_UPWARD = {
-    # provider request rules, applied as the prompts stage renders: a floor module (issue 29 item 7)
-    ("draftgate/prompts_run.py", "reconstruct"),
-    # the message fields the prompts stage admits, read by the template shapes: a floor constant
-    ("draftgate/templates/shapes.py", "prompts"),
-}
+FLOOR = ("config", "io", "schema", "metrics", "cache", "device", "tokenizers", "templates", "official", "target",
+         "provider_rules")
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def library_of(module: str) -> str | None:
-    """draftgate.repair.run -> repair; draftgate.prompts_run -> prompts (four prompts*.py modules)."""
+    """draftgate.repair.run -> repair; draftgate.target -> target."""
     parts = module.split(".")
     if parts[0] != "draftgate" or len(parts) < 2:
         return None
-    return "prompts" if parts[1].startswith("prompts") else parts[1]
+    return parts[1]
 
 
 def library_files() -> list[Path]:
@@ -79,5 +75,5 @@ def test_every_known_upward_arrow_still_exists_so_a_moved_one_leaves_the_list():
 def test_the_rule_sees_a_stage_importing_a_later_one_and_the_floor_importing_a_stage():
     assert climbs("draftgate/reconstruct/core.py", {"draftgate.drafter.vocab", "draftgate.templates"}) \
         == {("draftgate/reconstruct/core.py", "drafter")}
-    assert climbs("draftgate/io.py", {"draftgate.prompts_stream"}) == {("draftgate/io.py", "prompts")}
+    assert climbs("draftgate/io.py", {"draftgate.prompts.stream"}) == {("draftgate/io.py", "prompts")}
     assert climbs("draftgate/evaluate/run.py", {"draftgate.target", "draftgate.drafter.model"}) == set()

@@ -331,7 +331,7 @@ def test_read_raw_numbers_lines_from_one_and_handles_bom_crlf_and_u2028(tmp_path
     import pyarrow.parquet as pq
 
     from draftgate.prompts import read_raw
-    from draftgate.prompts_stream import ingest_to_files
+    from draftgate.prompts.stream import ingest_to_files
 
     path = tmp_path / "win.jsonl"
     first = json.dumps({"messages": [{"role": "user", "content": "a\u2028b"}]}, ensure_ascii=False)

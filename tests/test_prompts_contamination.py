@@ -12,7 +12,7 @@ import pytest
 
 from draftgate.config import PromptsParams
 from draftgate.prompts import RawRecord
-from draftgate.prompts_contamination import contamination, last_user, normalised
+from draftgate.prompts.contamination import contamination, last_user, normalised
 from prompts_fixtures import ingest
 
 
@@ -86,7 +86,7 @@ def test_the_prompts_gate_fails_a_split_with_the_same_question_on_both_sides(tmp
 
     from draftgate.config import parse_params
     from draftgate.gates import validate as gates
-    from draftgate.prompts_run import PromptsRequest, run
+    from draftgate.prompts.run import PromptsRequest, run
 
     suite = Path(__file__).resolve().parents[1] / "expectations" / "prompts.json"
     results = {}

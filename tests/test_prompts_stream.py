@@ -9,7 +9,7 @@ import pytest
 from draftgate import schema
 from draftgate.config import PromptsParams
 from draftgate.prompts import Prompt, process, split_of, stage_metrics
-from draftgate.prompts_stream import ingest_to_files
+from draftgate.prompts.stream import ingest_to_files
 from test_prompts import USER, corpus, line
 
 

@@ -7,7 +7,7 @@ import json
 
 import pyarrow.parquet as pq
 
-from draftgate import prompts
+from draftgate import prompts, schema
 from draftgate.contract import check_template
 from draftgate.official import official_template
 from draftgate.templates import get_template
@@ -15,17 +15,17 @@ from draftgate.templates.shapes import FEATURE_NAMES, FEATURES, MODES, covering_
 from test_stage_prompts import run, workdir, write_lines  # noqa: F401 (workdir: a fixture)
 
 COVERING = covering_corpus()
-# The keys a message may carry (prompts.MESSAGE_KEYS) and the family that varies each.
+# The keys a message may carry (schema.MESSAGE_KEYS) and the family that varies each.
 VARIED_BY = {"role": "order", "content": "text", "name": "fields", "tool_calls": "calls",
              "reasoning_content": "reasoning", "tool_call_id": "order"}
 
 
 def test_every_key_the_prompts_stage_admits_on_a_message_is_varied_by_a_shape_family():
     families = {family for _, family in FEATURES}
-    for role, keys in prompts.MESSAGE_KEYS.items():
+    for role, keys in schema.MESSAGE_KEYS.items():
         unvaried = sorted(k for k in keys if VARIED_BY.get(k) not in families)
         assert unvaried == [], f"{role}: add a shape feature for {unvaried} to templates/shapes.py"
-    for role, keys in prompts.MESSAGE_KEYS.items():
+    for role, keys in schema.MESSAGE_KEYS.items():
         if "name" in keys:
             assert f"name:{role}:text" in FEATURE_NAMES and f"name:{role}:empty" in FEATURE_NAMES
 

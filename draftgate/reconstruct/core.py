@@ -29,7 +29,7 @@ from draftgate.reconstruct.degenerate import repetition, tenth
 from draftgate.reconstruct.flags import Markers, flags, prompt_think_open
 from draftgate.reconstruct.logprobs import BytesIndex
 from draftgate.reconstruct.normalise import Dialect, normalise
-from draftgate.reconstruct.request import apply_rules
+from draftgate.provider_rules import apply_rules
 from draftgate.templates.base import Text
 
 EXAMPLES = 5  # prompt ids kept per quarantine reason in the metrics, for review
@@ -49,7 +49,7 @@ class Setup:
     thinking: bool
     method: str = "auto"            # auto | text
     official: Any = None            # official.OfficialTemplate: prompts as the engine renders them
-    request_rules: tuple[str, ...] = ()   # request.py: what providers change before templating
+    request_rules: tuple[str, ...] = ()   # provider_rules.py: what providers change before templating
     # reconstruct.max_repetition: a completion whose seq-rep-4 is above it is quarantined as
     # `degenerate` (degenerate.py); 1.0 keeps every row.
     max_repetition: float = 1.0

@@ -3,14 +3,14 @@
 The fixed probes and the seeded corpus are examples: a template edit that only shows on a shape
 neither holds (a `name` on a user turn, a conversation opening with an assistant turn, consecutive
 user turns) passed the contract while the prompts stage admitted that shape. So the shapes are
-derived from the prompts stage's rules (prompts.py: which roles, where, which keys per role) and
+derived from the prompts stage's rules (prompts/: which roles, where; which keys per role, schema.MESSAGE_KEYS) and
 `covering_corpus()` is built to hold each feature in each serving mode, by construction.
 
 A message's kind: system | user | assistant (no tool calls) | calls (an assistant turn with tool
 calls) | tool. Features, by family:
 - order: `first:KIND`, `turn:A>B` (every admitted pair of neighbours), `last:user|tool` (the
   prompts stage drops a final assistant turn);
-- fields: `name:KIND:text|empty` on every kind whose role may carry a name (prompts.MESSAGE_KEYS),
+- fields: `name:KIND:text|empty` on every kind whose role may carry a name (schema.MESSAGE_KEYS),
   `calls_content:none|text` (null and "" are both stored as null beside tool calls);
 - tools: `tools:absent|one|several` (an empty list is stored as absent);
 - calls: `calls:one|several` per assistant turn;
@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator
 
-from draftgate.prompts import MESSAGE_KEYS
+from draftgate.schema import MESSAGE_KEYS
 from draftgate.templates.probes import ADD, WEATHER, ProbeConversation
 
 MODES = (True, False)

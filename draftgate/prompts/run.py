@@ -2,7 +2,7 @@
 
 `run(params, PromptsRequest(...))` selects the datasets' files, decides every record against the
 target (the template as code and the model directory's own template must render it; it must fit
-the target's context less generate.max_tokens) and streams them through prompts_stream.py;
+the target's context less generate.max_tokens) and streams them through stream.py;
 stages/prompts.py checks the contract gates before it and writes what it returns.
 """
 
@@ -28,12 +28,12 @@ class PromptsRun:
 def run(params: Any, request: PromptsRequest) -> PromptsRun:
     """Raises ValueError / OSError (naming the file or the param and the fix) on unusable input."""
     from draftgate import prompts
-    from draftgate.prompts_stream import ingest_to_files
+    from draftgate.prompts.stream import ingest_to_files
 
     pp = params.prompts
     files = _selected(prompts.raw_files(request.raw), pp.datasets, request.raw)
     records = (r for path in files for r in _read(prompts, path))
-    # Streamed (prompts_stream.py): files in name order, records in line order, two passes
+    # Streamed (stream.py): files in name order, records in line order, two passes
     # over part files; memory does not grow with the rows.
     problem, limit = _render_problem(params)
     tally = ingest_to_files(records, pp, request.out, problem, params.template.thinking)
@@ -49,7 +49,7 @@ def _contamination(path: Path, threshold: float) -> dict:
     """Heldout prompts that duplicate train prompts, read back from the written table a batch at a time."""
     import pyarrow.parquet as pq
 
-    from draftgate.prompts_contamination import contamination
+    from draftgate.prompts.contamination import contamination
 
     rows = (r for b in pq.ParquetFile(path).iter_batches(batch_size=8192, columns=["prompt_id", "split", "messages"])
             for r in b.to_pylist())
@@ -75,7 +75,7 @@ def _render_problem(params):
     length limit, for the metrics."""
     from draftgate.official import OfficialTemplateError, official_template
     from draftgate.prompts import length_limit, too_long, widest_token
-    from draftgate.reconstruct.request import apply_rules
+    from draftgate.provider_rules import apply_rules
     from draftgate.templates import TemplateError, encode_segments, get_template
     from draftgate.tokenizers import load_tokenizer
 

@@ -143,8 +143,8 @@ def _row(p: Prompt, params: PromptsParams) -> dict[str, Any]:
     # The split hashes the conversation, never the mode: both modes of a prompt share a side.
     key = conversation_id(json.loads(p.messages), json.loads(p.tools) if p.tools else None)
     if params.split_by == "last_user":
-        # Same normalised question, same side of the split (prompts_contamination.py).
-        from draftgate.prompts_contamination import group_key
+        # Same normalised question, same side of the split (contamination.py).
+        from draftgate.prompts.contamination import group_key
 
         key = group_key(json.loads(p.messages))
     return {"prompt_id": p.prompt_id, "dataset": p.dataset, "messages": p.messages, "tools": p.tools,

@@ -4,7 +4,10 @@ Records come as OpenAI `messages` or ShareGPT `conversations` (JSONL lines or Pa
 Each becomes an OpenAI-shape conversation that ends where the model must answer, or a reject
 with a reason code, its `file:line` and the fix. The core is pure (a record in, a decision out);
 only `raw_files` and `read_raw` touch disk. The run over all records (first occurrence wins, the
-cap, the split, the two tables) is `prompts_stream.ingest_to_files`, in bounded memory.
+cap, the split, the two tables) is `stream.ingest_to_files`, in bounded memory.
+
+The package: this module (records, decisions, ids, split; the public names), stream.py (the run
+in bounded memory), contamination.py (held-out near-duplicates), run.py (the stage's work).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Callable, Iterator
 
 from draftgate.config import PromptsParams
 from draftgate.io import text_sha256
+from draftgate.schema import MESSAGE_KEYS
 
 REASONS = (
     "invalid_utf8", "invalid_json", "not_an_object", "no_messages", "no_user_turn",
@@ -33,14 +37,6 @@ ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {
     "system": "system", "human": "user", "user": "user", "gpt": "assistant",
     "assistant": "assistant", "function_call": "assistant", "tool": "tool", "observation": "tool",
-}
-# Keys a message may carry, per role. Null-valued keys count as absent: Parquet struct
-# columns fill every field a sibling row has with null.
-MESSAGE_KEYS = {
-    "system": {"role", "content", "name"},
-    "user": {"role", "content", "name"},
-    "assistant": {"role", "content", "name", "tool_calls", "reasoning_content"},
-    "tool": {"role", "content", "name", "tool_call_id"},
 }
 RECORD_CHARS = 1000  # raw record kept in a reject row, for review
 
