@@ -91,7 +91,7 @@ class TemplateProbe:
     first_diff: int | None               # character offset of the first difference, when any
     diff_context: str | None             # the official and code text around it
     detail: str | None                   # why a side did not render
-    # The conversation itself, as the prompts stage stores one (prompts.compact_json: JSON text,
+    # The conversation itself, as the prompts stage stores one (schema.compact_json: JSON text,
     # key order kept, since a template renders tools in their order): gate_template reads its
     # shape features again from these (draftgate/checks/template.py), never from `features`.
     messages: str
@@ -246,7 +246,7 @@ def check_contract(tok: Any, special_names: Iterable[str], expected_ids: Mapping
 def check_template(template: Any, official: Any, probes: Sequence[Any]) -> TemplateContract:
     """Render every probe with the official template and with the template as code."""
     from draftgate.official import OfficialTemplateError
-    from draftgate.prompts import compact_json
+    from draftgate.schema import compact_json
     from draftgate.templates.base import TemplateError, render_text
     from draftgate.templates.shapes import shape_features
 

@@ -5,7 +5,9 @@ Column names are a contract (ARCHITECTURE.md): change them here and nowhere else
 
 from __future__ import annotations
 
+import json
 from functools import cache
+from typing import Any
 
 # Keys a message of the `messages` column may carry, per role: what the prompts stage admits and
 # the template shapes (templates/shapes.py) cover. Null-valued keys count as absent: Parquet
@@ -16,6 +18,14 @@ MESSAGE_KEYS = {
     "assistant": {"role", "content", "name", "tool_calls", "reasoning_content"},
     "tool": {"role", "content", "name", "tool_call_id"},
 }
+
+
+def compact_json(obj: Any) -> str:
+    """The `messages` and `tools` columns' JSON text (the prompts stage writes it, the contract
+    stores its probes the same way). The record's key order is kept: chat templates render tools
+    with `tojson` in dict order, so sorting keys would change the prompt the model sees. Only the
+    prompt id sorts (prompts.canonical_json)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 @cache

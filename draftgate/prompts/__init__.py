@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from draftgate.config import PromptsParams
 from draftgate.io import text_sha256
-from draftgate.schema import MESSAGE_KEYS
+from draftgate.schema import MESSAGE_KEYS, compact_json
 
 REASONS = (
     "invalid_utf8", "invalid_json", "not_an_object", "no_messages", "no_user_turn",
@@ -125,12 +125,6 @@ class Tally:
 def canonical_json(obj: Any) -> str:
     # Text is hashed as given (no NFC, no stripping): the same bytes reach the API.
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def compact_json(obj: Any) -> str:
-    # The stored columns keep the record's key order: chat templates render tools with `tojson`
-    # in dict order, so sorting keys would change the prompt the model sees. Only the id sorts.
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def prompt_id_of(messages: list[dict], tools: list[dict] | None, thinking: bool = False) -> str:
