@@ -71,16 +71,17 @@ interop-check: setup interop
 # Each bench exits 1 on a wrong result or a missed target of its own (bench/targets.py), and
 # the first such bench stops the run: time them on a quiet machine. bench/gpu_check.py is left
 # out: it needs a CUDA GPU and vLLM's CUDA build, and exits 2 on CPU (make gpu-check runs it).
-BENCHES := $(filter-out bench/targets.py bench/gpu_check.py,$(wildcard bench/*.py))
+# Benches run as modules (`python -m bench.NAME` from the repository root), as stages do.
+BENCHES := $(patsubst bench/%.py,bench.%,$(filter-out bench/__init__.py bench/targets.py bench/gpu_check.py,$(wildcard bench/*.py)))
 bench: setup
-	@for b in $(BENCHES); do echo "== $$b"; $(PY) $$b || { echo "make bench: $$b failed" >&2; exit 1; }; done
+	@for b in $(BENCHES); do echo "== $$b"; $(PY) -m $$b || { echo "make bench: $$b failed" >&2; exit 1; }; done
 
 # The engine paths on CUDA in one command (docs/engines.md, "On a GPU"): generate, hidden states
 # and EAGLE-3 acceptance through vLLM with the embedded default, against the in-process paths.
 # ENGINE_PYTHON names the Python of an environment with the `vllm` package (CUDA build); without
 # a GPU, or with .venv-engine's CPU build, it exits 2 saying what it needs.
 gpu-check: setup
-	$(PY) bench/gpu_check.py $(if $(ENGINE_PYTHON),--engine-python $(ENGINE_PYTHON))
+	$(PY) -m bench.gpu_check $(if $(ENGINE_PYTHON),--engine-python $(ENGINE_PYTHON))
 
 docs: setup
 	@echo "Data Docs: reports/data_docs/index.html (rebuilt by the report stage from every gate's record in data/gates/)"

@@ -1,6 +1,6 @@
 """Budget drill: what the journal spends against `generate.budget_usd`, over reruns and across a kill -9.
 
-    .venv/bin/python bench/budget_drill.py [--code DIR] [--prompts 400] [--concurrency 32] [--skip-kill]
+    .venv/bin/python -m bench.budget_drill [--code DIR] [--prompts 400] [--concurrency 32] [--skip-kill]
 
 Loopback only (draftgate/serve/scripted.py). Every request's worst case is $0.001 (max_tokens 100
 at $10/Mtok, prompts priced at 0); an answer (or a billed error) costs $0.0004 (usage.cost).
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-kill", action="store_true")
     a = p.parse_args(argv)
     code = Path(a.code).resolve() if a.code else REPO
-    sys.path.insert(0, str(code))
+    if a.code:     # another checkout's draftgate, imported ahead of this one's: the point of --code
+        sys.path.insert(0, str(code))
     result = {"code": a.code or str(REPO), "rising_reruns": rising_reruns(a.prompts, a.concurrency)}
     for r in result["rising_reruns"]:
         print(f"budget ${r['budget_usd']:.3f}: journal total ${r['journal_total_usd']:.6f} "

@@ -1,6 +1,6 @@
 """Client throughput: our client (journal and all) vs the openai SDK vs a bare aiohttp loop.
 
-    .venv/bin/python bench/client.py [--requests 6000] [--concurrency 2000]
+    .venv/bin/python -m bench.client [--requests 6000] [--concurrency 2000]
 
 One scripted server (canned answers after a uniform 0-0.2 s delay) in its own process; each client
 runs in its own subprocess so CPU time and peak RSS are its own. Prints a table and writes
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         url = server.stdout.readline().strip()
         for name in order:
             s0 = _proc_cpu_s(server.pid)
-            out = subprocess.run([sys.executable, __file__, "--worker", name, "--url", url, "--requests",
+            out = subprocess.run([sys.executable, "-m", "bench.client", "--worker", name, "--url", url, "--requests",
                                   str(a.requests), "--concurrency", str(a.concurrency)],
                                  cwd=REPO, env=env, capture_output=True, text=True)
             if out.returncode != 0:
@@ -162,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nours/SDK {r['vs_sdk_req_per_s']}x req/s ({r['vs_sdk_per_cpu']}x per CPU second); "
               f"ours/aiohttp {r['vs_aiohttp_req_per_s']}x ({r['vs_aiohttp_per_cpu']}x per CPU second); "
               f"RSS ours/SDK {r['rss_vs_sdk']}\ntargets met: {summary['targets_met']}")
-    sys.path.insert(0, str(REPO))
     from draftgate.io import write_json
 
     write_json(a.out, summary)

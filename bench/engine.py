@@ -1,6 +1,6 @@
 """Generation through the real vLLM against draftgate's local server: tok/s on the same rows, one run.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/engine.py [--rows 16] [--max-tokens 64]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.engine [--rows 16] [--max-tokens 64]
 
 Both serve the embedded SmolLM2-135M in float32 on this machine's CPU: `draftgate serve` (a
 subprocess, its dynamic batcher at max_batch 16) and vLLM's OpenAI server from .venv-engine
@@ -22,10 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.serve import prompts  # noqa: E402  (the serve bench's 64 chat and code prompts)
-from bench.targets import verdict  # noqa: E402
+from bench.serve import prompts  # the serve bench's 64 chat and code prompts
+from bench.targets import verdict
 
 
 async def _fire(url: str, bodies: list[dict]) -> tuple[list[dict], float]:

@@ -1,6 +1,6 @@
 """Hidden-state extraction through the real vLLM against the in-process path: the same rows, one run.
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python bench/engine_hidden.py [--rows 48] [--device cpu]
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python -m bench.engine_hidden [--rows 48] [--device cpu]
 
 Rows: the first `--rows` kept rows of data/tokens/tokens.parquet (the demo's real SmolLM2 rows),
 copied into a temp workspace first (a pipeline run may rewrite the file meanwhile). Both runs are
@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -1,6 +1,6 @@
 """Wall-clock speedup of speculative decoding over plain greedy decoding, on this machine's CPU.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/eval.py [--prompts N] [--new 64] [--k 4]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.eval [--prompts N] [--new 64] [--k 4]
                                                     [--drafter data/drafter/sglang]
 
 The same target (params.yaml `hidden:`), the same held-out prompts (data/tokens/tokens.parquet)
@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def clock() -> tuple[float, float]:

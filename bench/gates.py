@@ -1,6 +1,6 @@
 """Benchmark: a tokens-style gate (9 checks, 100k rows) through draftgate vs one DuckDB query.
 
-    .venv/bin/python bench/gates.py [--rows 100000] [--repeats 7] [--rounds 3]
+    .venv/bin/python -m bench.gates [--rows 100000] [--repeats 7] [--rounds 3]
 
 Prints a table and writes bench/results/gates.json. Baselines run in the same run on the same
 file, so the ratios hold on a busy machine even when the absolute times drift.
@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SUITE = {
     "name": "tokens",
@@ -88,7 +87,6 @@ import json, sys, time
 import great_expectations as gx
 import pyarrow.parquet as pq
 from great_expectations.data_context.types.base import ProgressBarsConfig
-sys.path.insert(0, sys.argv[3])
 import draftgate.gates.custom
 suite_doc = json.load(open(sys.argv[2]))
 for e in suite_doc["expectations"]:

@@ -1,7 +1,7 @@
 """The engine paths on CUDA, in one command: generate, hidden states and acceptance through vLLM.
 
     ENGINE_PYTHON=/path/to/vllm-env/bin/python make gpu-check
-    .venv/bin/python bench/gpu_check.py --engine-python /path/to/vllm-env/bin/python [--skip-repro]
+    .venv/bin/python -m bench.gpu_check --engine-python /path/to/vllm-env/bin/python [--skip-repro]
 
 Needs a CUDA GPU that draftgate's own torch sees (the in-process sides of each comparison) and an
 environment with vLLM's CUDA build (`pip install vllm` in a venv of its own; .venv-engine holds
@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -1,6 +1,6 @@
 """Benchmark: hidden-state extraction, storage and reading vs their plain baselines, in one run.
 
-    .venv/bin/python bench/hidden.py [--rows 24] [--repeats 2] [--device auto] [--dtype bfloat16]
+    .venv/bin/python -m bench.hidden [--rows 24] [--repeats 2] [--device auto] [--dtype bfloat16]
 
 Rows: the kept rows of data/tokens/tokens.parquet (the demo's real SmolLM2 answers), the first
 `--rows` of them (all: --rows 0), or, with --synthetic N, N rows of real SmolLM2 ids drawn from
@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -1,6 +1,6 @@
 """Benchmark: reconstructing 20,000 synthetic responses (real Qwen3 tokenizer) vs the baselines.
 
-    .venv/bin/python bench/reconstruct.py [--rows 20000] [--seed 0] [--repeats 3]
+    .venv/bin/python -m bench.reconstruct [--rows 20000] [--seed 0] [--repeats 3]
 
 - ours:           draftgate.reconstruct.table.reconstruct_files: the stage's whole job, Parquet in
                   and out (responses + prompts read, tokens.parquet written). Normalise, render prompt and completion, one ordinary encode of every
@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -6,8 +6,8 @@ re-encodes it canonically (the content's ordinary encoding, then <|im_end|> when
 bill is the sampled count (the local server counts the end token: counts_end). The search sees
 only the prompt ids, the canonical ids and the bill; the sampled ids only grade it.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/repair.py --temperature 0.7
-    OMP_NUM_THREADS=1 .venv/bin/python bench/repair.py --temperature 1.0 --datasets code --repeats 4
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.repair --temperature 0.7
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.repair --temperature 1.0 --datasets code --repeats 4
 
 Reports: rows, differing rows (canonical != sampled), the share of them made exact with a 95%
 Wilson interval, exact rows broken (must be 0), reasons, forwards and tokens scored per row, and
@@ -30,7 +30,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -1,8 +1,8 @@
 """The data path at scale: wall time and peak RSS per stage at N and 10 x N synthetic prompts.
 
-    .venv/bin/python bench/scale.py [--sizes 50000 500000] [--concurrency 2000]
-    .venv/bin/python bench/scale.py --work /tmp/scale                 # keep the data there
-    .venv/bin/python bench/scale.py --work /tmp/scale --stages gate_tokens generate_resume
+    .venv/bin/python -m bench.scale [--sizes 50000 500000] [--concurrency 2000]
+    .venv/bin/python -m bench.scale --work /tmp/scale                 # keep the data there
+    .venv/bin/python -m bench.scale --work /tmp/scale --stages gate_tokens generate_resume
                                     # rerun those stages on the kept data (both sizes)
 
 Each size runs the real stages as DVC runs them (`python -m stages.X`, `draftgate validate`), one
@@ -169,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntargets met: {met}")
     if stages != STAGES:
         return 0
-    sys.path.insert(0, str(REPO))
     from draftgate.io import write_json
 
     write_json(a.out, {"sizes": list(a.sizes), "cpus": os.cpu_count(), "results": results, "ratios": ratios,

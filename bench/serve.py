@@ -1,6 +1,6 @@
 """Local server figures: load time cold vs cached, HTTP throughput by batch size, re-encode drift.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/serve.py [--quick]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.serve [--quick]
 
 Everything runs in one temp cache, so "cold" really de-quantises the GGUF. Throughput goes
 through `draftgate serve` in a subprocess over real HTTP (128 new tokens per request, T=0.7);
@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TOPICS = ["recursion", "hash tables", "TCP handshakes", "photosynthesis", "inflation", "black holes",
           "the French revolution", "vaccines", "compilers", "gradient descent", "plate tectonics",

@@ -1,6 +1,6 @@
 """Benchmark: tiktoken's public `encode_ordinary` (what draftgate uses) vs its private core.
 
-    .venv/bin/python bench/tokenizers_private.py [--rows 4000] [--repeats 3]
+    .venv/bin/python -m bench.tokenizers_private [--rows 4000] [--repeats 3]
 
 draftgate/tokenizers/fast.py encodes ordinary text through tiktoken's public
 `Encoding.encode_ordinary`, with a UTF-8 check of non-ASCII text so that a lone surrogate still
@@ -30,8 +30,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -64,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.reconstruct.table import reconstruct_files
     from draftgate.templates import get_template
     from draftgate.tokenizers import fast, load_qwen3
-    from reconstruct import full_string, synthetic
+    from bench.reconstruct import full_string, synthetic
 
     tok = load_qwen3()
     template = get_template("qwen3")

@@ -2,7 +2,7 @@
 loop over the same model and the same batches already collated in memory, for features read
 offline (shards) and online (captured by the resident target).
 
-    nice -n 10 .venv/bin/python bench/train.py --hidden data/hidden --tokens data/tokens/tokens.parquet \
+    nice -n 10 .venv/bin/python -m bench.train --hidden data/hidden --tokens data/tokens/tokens.parquet \
         [--rows 32] [--epochs 2] [--out bench/results/train.json]
 
 Figures (tokens = input tokens of the rows trained on, per epoch):
@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def bare_loop(model, batches, teacher, cfg) -> float:

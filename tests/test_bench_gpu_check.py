@@ -39,7 +39,7 @@ def test_an_engine_python_without_vllm_is_named(capsys):
 
 
 def test_the_cli_exits_2_and_make_bench_leaves_it_out():
-    out = subprocess.run([sys.executable, "bench/gpu_check.py"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "bench.gpu_check"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "cannot run here" in out.stderr
     planned = subprocess.run(["make", "-n", "bench"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert "bench/engine_hidden.py" in planned and "bench/gpu_check.py" not in planned
+    assert "bench.engine_hidden" in planned and "bench.gpu_check" not in planned
