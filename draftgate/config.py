@@ -105,6 +105,11 @@ class ContractParams:
     # 10,000 (~10 s, a contract.json of tens of MB) is past any use.
     corpus_size: Annotated[int, Range(ge=0, le=10_000)] = 300
     corpus_seed: Seed = 0
+    # vllm: the serving engine renders every probe the code template renders too, and its prompt
+    # ids (/v1/chat/completions/render) must equal ours: generate's vLLM (generate.base_url, started
+    # with --enable-scale-out) or one started on the target for the stage (~30 s on CPU; the
+    # `engine` section). docs/engines.md, "The template as the engine renders it".
+    engine: Literal["off", "vllm"] = "off"
 
 
 @dataclass(frozen=True)

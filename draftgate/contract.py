@@ -19,6 +19,15 @@ corpus (templates/shapes.py) holds every conversation shape the prompts stage ad
 serving mode; each probe carries its conversation (messages, tools) and its shape features, and the
 contract (shape_coverage, from those features) and the gate (draftgate/checks/template.py, from the
 conversation, never the features) both fail when a shape the code template renders was never compared.
+
+With `contract.engine: vllm` the serving engine renders too: every probe the code template
+renders is sent to vLLM's `/v1/chat/completions/render` (draftgate/engine/render.py), which
+answers the prompt ids the engine would generate from, and those ids are held equal to ours (the
+code template's segments encoded by our tokenizer, specials by the contract's ids). It runs here,
+in the producing stage, once: the engine's answers are evidence stored in contract.json (each
+probe's `engine`), like the official text; gate_template encodes each stored conversation again
+itself and compares its own ids with the stored answer, without an engine (docs/engines.md,
+"The template as the engine renders it").
 """
 
 from __future__ import annotations
@@ -97,17 +106,47 @@ class TemplateProbe:
     messages: str
     tools: str | None
     features: tuple[str, ...] = ()       # its shape features (templates/shapes.py), the stage's own label
+    engine: EngineRender | None = None   # contract.engine vllm, for a probe the code template renders
 
     @property
-    def ok(self) -> bool:
+    def text_ok(self) -> bool:
         # official_refuses: the code renders a conversation the model's own template cannot, so
         # it invents a format. code_refuses is fine: such prompts are rejected before generation.
         if self.status == "official_refuses":
             return False
         return self.status != "compared" or self.official_text == self.code_text
 
+    @property
+    def ok(self) -> bool:
+        return self.text_ok and (self.engine is None or self.engine.ok)
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "features": list(self.features), "ok": self.ok}
+        d = {**asdict(self), "features": list(self.features), "ok": self.ok}
+        engine = d.pop("engine")
+        # Without an engine the probe's record is as it always was (contract.json's bytes unchanged).
+        return d if engine is None else {**d, "engine": self.engine.to_dict()}
+
+
+@dataclass(frozen=True)
+class EngineRender:
+    """The serving engine's prompt ids for one probe, against ours (`contract.engine: vllm`).
+
+    status: equal; special_text (ours equal the engine's once the text segments are encoded with
+    added tokens parsed: the conversation's text spells a special token, which the engine turns
+    into that token while draftgate keeps text as text, docs/tokenizers.md); differs;
+    engine_refuses (it answered 400: the code template renders what the served one cannot)."""
+    status: str
+    ids: tuple[int, ...] | None          # the engine's answer as received
+    first_diff: int | None               # token position of the first difference, when any
+    diff_context: str | None             # the ids around it and their text, engine | ours
+    detail: str | None                   # the engine's refusal
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("equal", "special_text")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ids": None if self.ids is None else list(self.ids), "ok": self.ok}
 
 
 @dataclass(frozen=True)
@@ -142,6 +181,7 @@ class TemplateContract:
     template: str
     official: dict[str, Any] | None      # source, sha256, hooks_sha256; None: none ships
     probes: tuple[TemplateProbe, ...]
+    engine: dict[str, Any] | None = None  # the rendering engine's identity (contract.engine vllm)
 
     @property
     def compared(self) -> int:
@@ -167,13 +207,18 @@ class TemplateContract:
     def complete(self) -> bool:
         return not self.gaps()
 
+    def engine_counts(self) -> dict[str, int]:
+        asked = [p.engine.status for p in self.probes if p.engine is not None]
+        return {"asked": len(asked), **{s: asked.count(s) for s in ENGINE_STATUSES}}
+
     def to_dict(self) -> dict[str, Any]:
         cov = self.coverage
+        engine = {} if self.engine is None else {"engine": self.engine, "engine_counts": self.engine_counts()}
         return {"template": self.template, "official": self.official, "compared": self.compared,
                 "differ": sum(not p.ok for p in self.probes),
                 "features": {s: sum(c.status == s for c in cov) for s in ("compared", "refused", "uncovered",
                                                                           "never_held")},
-                "ok": self.ok, "complete": self.complete}
+                "ok": self.ok, "complete": self.complete, **engine}
 
     def document(self) -> dict[str, Any]:
         """What gate_template reads (contract.json): the probes with their renders and conversations
@@ -281,6 +326,63 @@ def check_template(template: Any, official: Any, probes: Sequence[Any]) -> Templ
                                  compact_json(p.messages), None if p.tools is None else compact_json(p.tools),
                                  shape_features(p.messages, p.tools)))
     return TemplateContract(template.name, official.to_dict() if official is not None else None, tuple(out))
+
+
+ENGINE_STATUSES = ("equal", "special_text", "differs", "engine_refuses")
+
+
+def engine_rendering(tc: TemplateContract, probes: Sequence[Any], template: Any, tok: Any,
+                     special_ids: Mapping[str, int], params: Any) -> TemplateContract:
+    """`tc` with the serving engine's prompt ids for every probe the code template rendered
+    (`probes` in tc's order), each compared with ours. Raises ContractError when the engine
+    cannot be asked (not installed, a server without the render endpoint: the message says the fix)."""
+    from dataclasses import replace
+
+    from draftgate.engine.launch import EngineError
+    from draftgate.engine.render import render_all, rendering_engine
+    from draftgate.templates import MissingSpecialError, encode_segments
+
+    asked = [i for i, p in enumerate(tc.probes) if p.code_text is not None]
+    segments = [template.render_prompt(probes[i].messages, probes[i].tools, probes[i].thinking) for i in asked]
+    try:
+        ours = encode_segments(tok, segments, special_ids)
+        # A serving engine encodes the rendered text whole: a special token's name inside a message
+        # becomes that token (tokenizers/base.py encode_batch). Ours keeps text as text.
+        parsed = encode_segments(_AddedTokensParsed(tok), segments, special_ids)
+    except MissingSpecialError as e:
+        raise ContractError(f"contract.engine vllm: {e}; the special-token contract must pass first") from None
+    try:
+        with rendering_engine(params) as server:
+            answers = render_all(server, [(probes[i].messages, probes[i].tools, template.jinja_kwargs(probes[i].thinking))
+                                          for i in asked])
+    except EngineError as e:
+        raise ContractError(f"contract.engine vllm: {e}") from None
+    out = list(tc.probes)
+    for i, answer, mine, mine_parsed in zip(asked, answers, ours, parsed):
+        out[i] = replace(out[i], engine=compare_ids(answer.ids, mine, mine_parsed, answer.detail, tok))
+    return replace(tc, probes=tuple(out), engine=server.identity)
+
+
+class _AddedTokensParsed:
+    def __init__(self, tok: Any):
+        self.encode_ordinary_batch = tok.encode_batch
+
+
+def compare_ids(engine: Sequence[int] | None, ours: list[int], ours_parsed: list[int], detail: str | None,
+                tok: Any) -> EngineRender:
+    if engine is None:
+        return EngineRender("engine_refuses", None, None, None, detail)
+    engine = tuple(engine)
+    if engine == tuple(ours):
+        return EngineRender("equal", engine, None, None, None)
+    k = next((i for i, (a, b) in enumerate(zip(engine, ours)) if a != b), min(len(engine), len(ours)))
+    lo = max(0, k - 4)
+
+    def around(ids: Sequence[int]) -> str:
+        return f"{list(ids[lo:k + 4])} {tok.decode(ids[lo:k])!r}⟦{tok.decode(ids[k:k + 1])!r}⟧{tok.decode(ids[k + 1:k + 4])!r}"
+
+    status = "special_text" if engine == tuple(ours_parsed) else "differs"
+    return EngineRender(status, engine, k, f"engine {around(engine)} | ours {around(ours)}", None)
 
 
 def template_roles(template: Any, ids: Mapping[str, int]) -> dict[str, Any] | None:
@@ -422,15 +524,18 @@ def run(params: Any) -> ContractRun:
     official = official_template(tok, params.tokenizer.kind, params.tokenizer.path)
     corpus = generated_corpus(params.contract.corpus_seed, params.contract.corpus_size)
     shapes = covering_corpus()
-    result = replace(result, template_contract=check_template(template, official, PROBES + corpus + shapes),
-                     roles=template_roles(template, result.special_ids))
+    probes = PROBES + corpus + shapes
+    tc = check_template(template, official, probes)
+    if params.contract.engine == "vllm":
+        tc = engine_rendering(tc, probes, template, tok, result.special_ids, params)
+    result = replace(result, template_contract=tc, roles=template_roles(template, result.special_ids))
     m = StageMetrics("contract", rows_in=len(result.checks), rows_out=len(result.checks) - len(result.failures()))
     for c in result.failures():
         for r in c.reasons:
             m.drop(r)
     tc = result.template_contract
     for p in tc.probes:
-        if not p.ok:
+        if not p.text_ok:
             m.drop("template_differs")
     gaps = tc.gaps()
     for g in gaps:
@@ -448,6 +553,11 @@ def run(params: Any) -> ContractRun:
                      # The covering corpus (templates/shapes.py) and every (feature, mode) the
                      # probes left uncompared though the prompts stage admits it.
                      template_shapes={"size": len(shapes), "gaps": [_feature_key(g) for g in gaps]})
+    if tc.engine is not None:
+        m.figures["template_engine"] = {**tc.engine, "counts": tc.engine_counts()}
+        for p in tc.probes:
+            if p.engine is not None and not p.engine.ok:
+                m.drop(f"template_engine_{p.engine.status}")
     m.params = {k: as_dict(getattr(params, k)) for k in ("tokenizer", "template", "contract")}
     return ContractRun(result, tok, m)
 
@@ -463,9 +573,19 @@ def summary(result: ContractResult, out: Any) -> tuple[list[str], list[str]]:
              f"{sum(not p.ok for p in tc.probes)} differ; shape features compared "
              f"{sum(c.status == 'compared' for c in tc.coverage)}, refused {sum(c.status == 'refused' for c in tc.coverage)}, "
              f"gaps {len(tc.gaps())}"]
+    if tc.engine is not None:
+        n = tc.engine_counts()
+        lines.append(f"contract: template {tc.template} vs vLLM {tc.engine.get('version')} ({tc.engine.get('model')}): "
+                     f"{n['asked']} probes rendered as ids by the engine, {n['equal']} equal, "
+                     f"{n['special_text']} equal once special-token text is parsed as the engine parses it, "
+                     f"{n['differs']} differ, {n['engine_refuses']} refused")
     fails = [f"  FAIL {c.name!r} [{', '.join(c.reasons)}]: {c.problem}" for c in result.failures()]
     fails += [f"  FAIL template probe {p.probe!r} at char {p.first_diff}: {p.diff_context}"
-              for p in tc.probes if not p.ok]
+              for p in tc.probes if not p.text_ok]
+    fails += [f"  FAIL template probe {p.probe!r} (thinking {'on' if p.thinking else 'off'}) through the engine: "
+              + (f"its prompt ids and ours differ from token {p.engine.first_diff}: {p.engine.diff_context}"
+                 if p.engine.status == "differs" else f"the engine refuses it ({p.engine.detail})")
+              for p in tc.probes if p.engine is not None and not p.engine.ok]
     fails += [f"  FAIL shape {_feature_key(g)}: {_GAP_FIX[g.status]}" for g in tc.gaps()]
     return lines, fails
 

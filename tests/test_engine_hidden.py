@@ -171,3 +171,15 @@ def test_a_missing_engine_environment_fails_naming_the_python_and_the_fix(world,
     err = capsys.readouterr().err
     assert "no-such-python" in err and "vLLM" in err
     assert not (out / "manifest.json").exists()
+
+
+def test_an_engine_whose_shutdown_fails_after_every_row_was_verified_is_noted_with_its_log_not_failed(tmp_path):
+    from draftgate.hidden.vllm_backend import exit_note
+
+    log = tmp_path / "engine.log"
+    log.write_text("shard-00001 done\nRuntimeError: worker died during shutdown\n")
+    assert exit_note(0, log) is None
+    note = exit_note(-11, log)
+    assert "exited with status -11 after every row was written and verified" in note
+    assert note.endswith("RuntimeError: worker died during shutdown")     # the spool (and its log) goes next
+    assert "was still running 30 s later and was stopped" in exit_note(None, log)

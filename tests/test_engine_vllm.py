@@ -1,5 +1,6 @@
-"""The real vLLM (.venv-engine) in the loop: the launcher, generate's `backend: vllm` and repair's
-VllmScorer, against ONE engine serving the embedded SmolLM2 (module scope, eager; its start
+"""The real vLLM (.venv-engine) in the loop: the launcher, generate's `backend: vllm`, repair's
+VllmScorer and the template contract's `contract.engine: vllm`, against ONE engine serving the
+embedded SmolLM2 (module scope, eager, `--enable-scale-out` for its render endpoint; its start
 dominates this file: ~30 s on 2 quiet cores, ~80 s under load). Generation stays tiny.
 
 What the engine must show (FACTS, "The real vLLM on this CPU"): the served prompt ids are
@@ -11,6 +12,7 @@ an exception in a stage ends it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,6 +29,7 @@ import yaml
 
 from draftgate import schema
 from draftgate.engine.launch import EngineError, group_members, launch_settings, running_vllm
+from draftgate.engine.render import SCALE_OUT_FLAG
 from engine_fixtures import SERVED_NAME, START_TIMEOUT_S, engine_python, model_dir
 from test_repair_score import local_model
 
@@ -44,8 +47,10 @@ class Shared:
     def __init__(self) -> None:
         from draftgate.config import EngineParams
 
+        # The render endpoint (the template contract's engine rendering) needs --enable-scale-out;
+        # it only registers routes, so every other test sees the server a generate run starts.
         settings = launch_settings(EngineParams(python=str(engine_python()), kvcache_gib=1,
-                                                start_timeout_s=START_TIMEOUT_S))
+                                                start_timeout_s=START_TIMEOUT_S, extra_args=[SCALE_OUT_FLAG]))
         self.cm = running_vllm(model_dir(), served_name=SERVED_NAME, **settings)
         self.engine = self.cm.__enter__()
         self.open = True
@@ -231,6 +236,152 @@ def test_a_repair_search_through_vllm_decides_as_the_in_process_one(engine, lm):
     assert (served.status, served.ids) == (ours.status, ours.ids) == ("repaired", truth)
     assert served.margin_runner_up == pytest.approx(ours.margin_runner_up, abs=0.05)   # tempered from the top 20
     assert scorer.counters.forwards > 1
+
+
+# ---------------------------------------------------------------- the template as the engine renders it
+
+def contract_params(d: Path, engine, **generate) -> Path:
+    """params.yaml with contract.engine vllm and generate pointing at the module's engine."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["contract"]["engine"] = "vllm"
+    params["generate"].update({"backend": "vllm", "base_url": engine.base_url, "model": SERVED_NAME, **generate})
+    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    return d / "params.yaml"
+
+
+@pytest.fixture(scope="module")
+def engine_contract(engine, tmp_path_factory):
+    """The contract stage with contract.engine vllm against the running engine: (params, contract.json)."""
+    from stages import contract
+
+    d = tmp_path_factory.mktemp("contract")
+    params = contract_params(d, engine)
+    assert contract.main(["--params", str(params), "--out", str(d / "contract.json")]) == 0
+    return params, d / "contract.json"
+
+
+def template_gate(contract_json: Path, params: Path, d: Path) -> tuple[int, dict]:
+    from stages import gate_template
+
+    code = gate_template.main([str(REPO / "expectations" / "template.json"), str(contract_json), "--result",
+                               str(d / "r.json"), "--params", str(params), "--no-docs"])
+    return code, json.loads((d / "r.json").read_text())
+
+
+def unexpected(record: dict, column: str) -> list:
+    return next(e["unexpected_sample"] for e in record["expectations"] if e["kwargs"].get("column") == column)
+
+
+def test_the_engine_renders_every_probe_our_code_template_renders_to_our_prompt_ids(engine_contract):
+    doc = json.loads(engine_contract[1].read_text())
+    tc = doc["template_contract"]
+    asked = [p for p in doc["template_probes"] if "engine" in p]
+    assert len(asked) == sum(p["code_text"] is not None for p in doc["template_probes"]) == tc["compared"] > 50
+    # One probe spells <|im_end|> and <|im_start|> in its text: vLLM encodes the rendered prompt whole,
+    # so they become the special ids, where draftgate keeps a message's text as text (docs/tokenizers.md).
+    assert tc["engine_counts"] == {"asked": len(asked), "equal": len(asked) - 1, "special_text": 1, "differs": 0,
+                                   "engine_refuses": 0}
+    assert [p["probe"] for p in asked if p["engine"]["status"] == "special_text"] == ["special_token_text"]
+    assert tc["engine"]["version"].startswith("0.32") and tc["engine"]["model"] == SERVED_NAME and tc["ok"]
+
+
+def test_the_template_gate_passes_the_engines_rendering_with_our_ids_encoded_again(engine_contract, tmp_path):
+    code, record = template_gate(engine_contract[1], engine_contract[0], tmp_path)
+    assert code == 0
+    statuses = record["computed"]["report"]["engine"]["statuses"]
+    assert statuses["differs"] == statuses["not_asked"] == statuses["engine_refuses"] == 0 and statuses["equal"] > 50
+
+
+def test_a_code_template_with_another_separator_fails_against_the_engine_naming_the_probe_and_token(
+        engine, engine_contract, tmp_path, monkeypatch, capsys):
+    from draftgate.templates import TEMPLATES, ChatMLTemplate, Text
+    from stages import contract
+
+    class Colon(ChatMLTemplate):      # "assistant:\n" opens the reply: one character off the served template
+        def render_prompt(self, messages, tools, thinking):
+            return super().render_prompt(messages, tools, thinking)[:-1] + [Text("assistant:\n")]
+
+    monkeypatch.setitem(TEMPLATES, "chatml", Colon)
+    params, stored = engine_contract
+    # The gate encodes our side again from the stored conversations: the stage's renders are the
+    # honest ones, yet the edited code template fails, at the token where the reply opens.
+    code, record = template_gate(stored, params, tmp_path)
+    assert code == 1
+    engine_ids = {p["probe"]: p["engine"]["ids"] for p in json.loads(stored.read_text())["template_probes"] if "engine" in p}
+    sample = unexpected(record, "differs")
+    assert sample and all("the engine's prompt ids and ours differ from token" in v for v in sample)
+    for v in sample:
+        probe, token = v.split(" (thinking ")[0], int(v.rsplit(" ", 1)[1])
+        assert token == len(engine_ids[probe]) - 1      # [... <|im_start|> assistant ⟦\n⟧]
+    # The stage itself, against the running engine, fails too and names each probe through the engine.
+    d = tmp_path / "stage"
+    d.mkdir()
+    assert contract.main(["--params", str(contract_params(d, engine)), "--out", str(d / "c.json")]) == 1
+    err = capsys.readouterr().err
+    assert "FAIL template probe 'special_token_text' (thinking off) through the engine: its prompt ids and ours differ" in err
+
+
+def test_the_gate_compares_the_stored_engine_ids_never_the_stages_verdict(engine_contract, tmp_path):
+    params, stored = engine_contract
+    doc = json.loads(stored.read_text())
+    probe = next(p for p in doc["template_probes"] if p.get("engine", {}).get("status") == "equal")
+    probe["engine"]["ids"][3] += 1          # an engine that served another id; the stage's "equal" left as written
+    (tmp_path / "contract.json").write_text(json.dumps(doc))
+    code, record = template_gate(tmp_path / "contract.json", params, tmp_path)
+    assert code == 1
+    assert unexpected(record, "differs") == [
+        f"{probe['probe']} (thinking {str(probe['thinking']).lower()}): the engine's prompt ids and ours differ from token 3"]
+
+
+def standing_in(engine, started: dict):
+    """running_vllm's stand-in: the module's engine instead of a new start (20-40 s), its arguments kept."""
+    @contextlib.contextmanager
+    def running(model_dir, **kwargs):
+        started.update(kwargs, model_dir=model_dir)
+        yield engine
+    return running
+
+
+def test_a_contract_that_starts_its_engine_passes_the_scale_out_flag_and_names_the_weights(engine, tmp_path,
+                                                                                            monkeypatch):
+    from draftgate.config import HiddenParams
+    from draftgate.engine import launch
+    from draftgate.engine.target import served_model
+    from stages import contract
+
+    started = {}
+    monkeypatch.setattr(launch, "running_vllm", standing_in(engine, started))
+    params = contract_params(tmp_path, engine, backend="local", base_url=None)
+    assert contract.main(["--params", str(params), "--out", str(tmp_path / "c.json")]) == 0
+    assert started["model_dir"] == model_dir() and SCALE_OUT_FLAG in started["extra_args"]
+    identity = json.loads((tmp_path / "c.json").read_text())["template_contract"]["engine"]
+    assert {k: identity[k] for k in ("weights", "tokenizer", "chat_template")} == served_model(HiddenParams()).identity
+
+
+def test_the_hidden_stage_proves_the_responses_of_a_vllm_draftgate_started_came_from_its_weights(
+        engine, generated, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from draftgate.config import HiddenParams, load_params
+    from draftgate.engine import launch
+    from draftgate.hidden.run import _served
+    from draftgate.target import check_served, describe_target
+    from stages import generate
+
+    monkeypatch.setattr(launch, "running_vllm", standing_in(engine, {}))
+    _, _, d = generated
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"generate": {
+        "backend": "vllm", "base_url": None, "model": SERVED_NAME, "temperature": 0.0, "max_tokens": 4}}))
+    argv = ["--params", str(tmp_path / "params.yaml"), "--prompts", str(d / "prompts.parquet"), "--gate",
+            str(d / "gate.json"), "--out", str(tmp_path / "responses"), "--metrics", str(tmp_path / "metrics.json")]
+    assert generate.main(argv) == 0
+    params = load_params(tmp_path / "params.yaml")
+    request = SimpleNamespace(responses=tmp_path / "responses" / "responses.parquet", prompts=d / "prompts.parquet")
+    target = describe_target(HiddenParams())
+    assert _served(request, params, target, check_served) == {"checked": len(PROMPTS), "legacy": 0}
+    # The same rows from a vLLM at a base_url name what it reports, not weights: nothing to prove.
+    at_url = load_params(d / "params.yaml")
+    assert _served(request, at_url, target, check_served)["checked"] == 0
 
 
 # ---------------------------------------------------------------- the launcher

@@ -23,6 +23,22 @@ held. `compute(inputs, params_path)` (handed to the engine by stages/gate_templa
 
 and the same rows in the gate's record (`computed.report.tables.shape_coverage`), which the gate's
 page shows as a table.
+
+The engine's rendering (`contract.engine: vllm`; draftgate/contract.py stored the engine's prompt
+ids for each probe as received, under `engine`): `engine_render` encodes every stored conversation
+again with the code template and the tokenizer of params.yaml (special ids resolved by name
+here, not taken from contract.json) and holds the stored ids equal to its own, one row per probe
+the code template renders:
+
+    status      equal | special_text (equal once our text segments are encoded with added tokens
+                parsed, as the engine encodes its rendered text: the conversation spells a special
+                token) | differs | engine_refuses | not_asked (the stage never asked the engine)
+    first_diff  the first differing token position, with the ids and their text around it
+
+The suite fails differs and not_asked (`differs`) and engine_refuses (`code_invents`). No engine
+runs here: its answer is the stage's evidence, as the official text is; what the gate redoes is
+our side and the comparison. params.yaml saying vllm over a contract.json without the engine's
+answers stops the gate with no verdict (a stale contract stage).
 """
 
 from __future__ import annotations
@@ -108,7 +124,8 @@ def features_of(messages: list[dict], tools: list | None) -> set[str]:
     return found
 
 
-def _load(path: str) -> list[dict]:
+def _load(path: str) -> tuple[list[dict], dict | None]:
+    """(the probes, the rendering engine's record or None)."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -118,7 +135,9 @@ def _load(path: str) -> list[dict]:
     probes = doc.get("template_probes") if isinstance(doc, dict) else None
     if not isinstance(probes, list):
         raise GateError(f"{path}: no \"template_probes\" list; rerun the contract stage (dvc repro contract)")
-    return probes
+    tc = doc.get("template_contract")
+    engine = tc.get("engine") if isinstance(tc, dict) else None
+    return probes, engine if isinstance(engine, dict) else None
 
 
 def _conversation(p: Any, i: int, path: str) -> tuple[str, bool, list[dict], list | None]:
@@ -178,13 +197,88 @@ def _status(held: int, rendered: int, compared: int, equal: int, has_official: b
     return "covered" if equal else "differs" if compared else "uncovered"
 
 
+ENGINE_NOTE = ("the engine's prompt ids (/v1/chat/completions/render, stored by the contract stage) against ours, "
+               "encoded here from each stored conversation: equal; special_text: equal once our text is encoded "
+               "with added tokens parsed (the conversation spells a special token, which the engine turns into "
+               "it); differs; engine_refuses; not_asked")
+
+
+def engine_render(probes: list[dict], engine: dict | None, params_path: str, path: str = "contract.json") -> list[dict]:
+    """One row per probe the code template renders (this checkout's, on the stored conversation):
+    the engine's stored ids against ours. No rows when no engine rendered and params.yaml asks none."""
+    from draftgate.config import ParamsError, load_params
+
+    try:
+        params = load_params(params_path)
+    except ParamsError as e:
+        raise GateError(f"{params_path}: {e}") from None
+    if engine is None:
+        if params.contract.engine != "off":
+            raise GateError(f"{params_path} sets contract.engine: {params.contract.engine}, but {path} holds no "
+                            "engine rendering (template_contract.engine): rerun the contract stage (dvc repro contract)")
+        return []
+    from draftgate.templates import TemplateError, encode_segments, get_template
+    from draftgate.tokenizers import load_tokenizer
+
+    template = get_template(params.template.name)
+    tok = load_tokenizer(params.tokenizer)
+    ids = {n: tok.token_id(n) for n in template.special_names}
+    if None in ids.values():
+        raise GateError(f"{tok.name} has no token for {sorted(n for n, i in ids.items() if i is None)} (template "
+                        f"{template.name}); gate_contract names the fix")
+    rows = []
+    for i, p in enumerate(probes):
+        name, thinking, messages, tools = _conversation(p, i, path)
+        try:
+            segments = template.render_prompt(messages, tools, thinking)
+        except TemplateError:
+            continue            # the prompts stage rejects such a prompt: the engine never serves it
+        ours, ours_parsed = (encode_segments(enc, [segments], ids)[0] for enc in (tok, _Parsed(tok)))
+        answer = p.get("engine") if isinstance(p.get("engine"), dict) else {}
+        got = answer.get("ids")
+        row = {"probe": name, "thinking": thinking, "first_diff": None, "engine_around": None, "ours_around": None,
+               "engine_ids": None, "ours_ids": None, "detail": answer.get("detail")}
+        if not answer:
+            row["status"] = "not_asked"
+        elif got is None:
+            row["status"] = "engine_refuses"
+        elif got == ours:
+            row["status"] = "equal"
+        else:
+            row["status"] = "special_text" if got == ours_parsed else "differs"
+            row.update(_first_difference(got, ours, tok))
+        rows.append(row)
+    return rows
+
+
+class _Parsed:
+    """An encoder of whole rendered text, as a serving engine encodes it (added tokens parsed)."""
+
+    def __init__(self, tok: Any):
+        self.encode_ordinary_batch = tok.encode_batch
+
+
+def _first_difference(engine: list[int], ours: list[int], tok: Any) -> dict[str, Any]:
+    at = next((k for k, (a, b) in enumerate(zip(engine, ours)) if a != b), min(len(engine), len(ours)))
+    start = max(at - 4, 0)
+    sides = {}
+    for side, ids in (("engine", engine), ("ours", ours)):
+        sides[f"{side}_ids"] = " ".join(map(str, ids[start:at + 4])) or "(end)"
+        sides[f"{side}_around"] = (json.dumps(tok.decode(ids[start:at]), ensure_ascii=False) + " ⟦"
+                                   + json.dumps(tok.decode(ids[at:at + 1]), ensure_ascii=False) + "⟧ "
+                                   + json.dumps(tok.decode(ids[at + 1:at + 4]), ensure_ascii=False))
+    return {"first_diff": at, **sides}
+
+
 def compute(inputs: dict[str, str], params_path: str) -> Computed:
     import pyarrow as pa
 
     if INPUT not in inputs:
         raise GateError(f"the template gate reads its artifact as {INPUT}= (data/contract/contract.json); "
                         f"given: {', '.join(sorted(inputs))}")
-    rows = coverage(_load(inputs[INPUT]), inputs[INPUT])
+    probes, engine = _load(inputs[INPUT])
+    rows = coverage(probes, inputs[INPUT])
+    engine_rows = engine_render(probes, engine, params_path, inputs[INPUT])
     schema = pa.schema([("feature", pa.string()), ("family", pa.string()), ("thinking", pa.bool_()),
                         ("held", pa.int64()), ("rendered", pa.int64()), ("compared", pa.int64()),
                         ("equal", pa.int64()), ("covered_by", pa.string()), ("status", pa.string())])
@@ -192,4 +286,12 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
                 for s in ("covered", "refused", "uncovered", "differs", "never_held", "no_official")}
     report = {"shape_features": statuses,
               "tables": {"shape_coverage": {"note": STATUS_NOTE, "columns": schema.names, "rows": rows}}}
-    return Computed(tables={"shape_coverage": pa.Table.from_pylist(rows, schema=schema)}, report=report)
+    engine_schema = pa.schema([("probe", pa.string()), ("thinking", pa.bool_()), ("status", pa.string()),
+                               ("first_diff", pa.int64()), ("engine_around", pa.string()), ("ours_around", pa.string()),
+                               ("engine_ids", pa.string()), ("ours_ids", pa.string()), ("detail", pa.string())])
+    if engine is not None:      # without an engine the record is as it always was
+        report["engine"] = {**engine, "statuses": {s: sum(r["status"] == s for r in engine_rows) for s in
+                                                   ("equal", "special_text", "differs", "engine_refuses", "not_asked")}}
+        report["tables"]["engine_render"] = {"note": ENGINE_NOTE, "columns": engine_schema.names, "rows": engine_rows}
+    return Computed(tables={"shape_coverage": pa.Table.from_pylist(rows, schema=schema),
+                            "engine_render": pa.Table.from_pylist(engine_rows, schema=engine_schema)}, report=report)

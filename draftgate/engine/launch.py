@@ -187,7 +187,7 @@ def running_vllm(model_dir: str | Path, *, python: str | Path | None = None, hos
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=engine_env(resolved, kvcache_gib, {**_server_env(resolved), **(env or {})}),
                                 start_new_session=True)
-    watchdog = _start_watchdog(proc.pid, stop_grace_s)
+    watchdog = start_watchdog(proc.pid, stop_grace_s)
     url_host = f"[{host}]" if ":" in host else host
     engine = Engine(f"http://{url_host}:{port}/v1", proc.pid, log, served_name or model_dir.name, model_dir,
                     resolved, tuple(cmd))
@@ -284,7 +284,10 @@ while alive():
 """
 
 
-def _start_watchdog(pgid: int, grace_s: float) -> subprocess.Popen:
+def start_watchdog(pgid: int, grace_s: float) -> subprocess.Popen:
+    """Start the watchdog (_WATCHDOG) for the process group `pgid`, which this process started: it
+    stops the group once this process is gone. Every engine process draftgate starts needs one
+    (the server here, the hidden backend's offline engine); `.kill()` it after stopping the group."""
     return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(pgid), str(grace_s)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

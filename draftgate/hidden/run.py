@@ -100,8 +100,12 @@ def _served(request: HiddenRequest, params: Any, target: Any, check_served: Any)
     hp = params.hidden
     if not hp.check_served:
         return {"checked": 0, "skipped": "hidden.check_served is false"}
-    if hp.kind != "embedded" or params.generate.backend != "local":
-        return {"checked": 0, "skipped": "the responses came from a remote API or the target is an hf_dir"}
+    gp = params.generate
+    # The local server serves the embedded model only; a vLLM draftgate started serves the target
+    # (embedded or hf_dir) and hashes the same identity keys into each request (engine/target.py).
+    # A vLLM at a base_url is named by what it reports, not its weights: nothing to prove against.
+    if not ((gp.backend == "local" and hp.kind == "embedded") or (gp.backend == "vllm" and not gp.base_url)):
+        return {"checked": 0, "skipped": "the responses came from a remote API or a server draftgate did not start"}
     if request.responses is None or request.prompts is None:
         return {"checked": 0, "skipped": "no --responses/--prompts given"}
     return check_served(target, request.responses, request.prompts, params.generate)

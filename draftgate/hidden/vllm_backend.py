@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -68,7 +69,7 @@ def row_name(i: int) -> str:
 
 def extract_with_engine(job: Any, todo: Sequence[Any]) -> dict[str, Any]:
     """Write the shards in `todo` through one engine process; the figures run.py's metrics read."""
-    from draftgate.engine.launch import _start_watchdog, engine_device, engine_env, engine_python, stop_group
+    from draftgate.engine.launch import engine_device, engine_env, engine_python, start_watchdog, stop_group
     from draftgate.hidden.shards import shard_bytes, write_shard
 
     hp, rows, out = job.params.hidden, job.rows, job.request.out
@@ -102,7 +103,7 @@ def extract_with_engine(job: Any, todo: Sequence[Any]) -> dict[str, Any]:
         proc = subprocess.Popen([str(python), "-m", vllm_run.__name__, str(job_file)], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=str(spool))
-    watchdog = _start_watchdog(proc.pid, STOP_S)     # a SIGKILLed stage must not orphan a 5 GB engine
+    watchdog = start_watchdog(proc.pid, STOP_S)     # a SIGKILLed stage must not orphan a 5 GB engine
     try:
         for plan in todo:
             _wait_done(proc, spool, plan.name, log_path)
@@ -119,12 +120,33 @@ def extract_with_engine(job: Any, todo: Sequence[Any]) -> dict[str, Any]:
             proc.wait(timeout=STOP_S)
         except subprocess.TimeoutExpired:
             pass
+        note = exit_note(proc.returncode, log_path)
+        if note:
+            print(note, file=sys.stderr)
     finally:
         stop_group(proc, grace_s=10.0)      # returns when no process of the engine's group runs
         watchdog.wait()
     shutil.rmtree(spool)
     stats["seconds"] = time.perf_counter() - started
     return stats
+
+
+def exit_note(returncode: int | None, log_path: Path) -> str | None:
+    """What to say about the engine's exit once every shard is written, or None for a clean exit.
+
+    Never a failure: by then each row's file was read and proven (its ids equal the tokens table's,
+    its layers and shape the ones asked for; read_row) and its shard written, and the engine
+    side's last act before exiting 0 is the last shard's `.done` (vllm_run.main). A status other
+    than 0, or an engine still running STOP_S later (stopped by its process group), is its
+    shutdown failing: worth reading in the log, not a sign of a missing or partial row."""
+    from draftgate.engine.launch import tail
+
+    if returncode == 0:
+        return None
+    how = f"exited with status {returncode}" if returncode is not None else f"was still running {STOP_S:.0f} s later and was stopped"
+    # The log sits in the spool, which is removed next: its tail goes into the note.
+    return (f"hidden: the vLLM engine {how} after every row was written and verified (each row's ids and layers "
+            f"checked, every shard complete): its shutdown failed; its log ended with:\n{tail(log_path)}")
 
 
 def read_row(spool: Path, i: int, ids: Any, layers: Sequence[int], target: Any, dtype: str) -> tuple[Any, Any]:
