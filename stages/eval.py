@@ -19,14 +19,6 @@ import io
 import sys
 from pathlib import Path
 
-# The metric DVC shows is each proposer's acceptance length with its interval (12 columns, 260
-# characters a line). The breakdowns (draftgate/metrics.py BREAKDOWNS: the per-setting runs, per
-# dataset, mode and position) and these keys are in the details only: the settings and counts, the
-# gap between served modes (from the per-mode breakdown), vLLM's definition of the length and
-# SpecForge's proxy.
-DETAILS_ONLY = ("k", "max_new_tokens", "prompts", "tokens", "verify_forwards", "accepted_fraction",
-                "vllm_acceptance_length", "mode_gap", "proxy", "proxy_simulated_acceptance_length")
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m stages.eval", description=__doc__)
@@ -45,7 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from draftgate.config import ParamsError, as_dict, load_params
+    from draftgate.config import ParamsError, load_params
     from draftgate.device import torch_threads
     from draftgate.evaluate.measure import evaluate
     from draftgate.evaluate.run import EvalError
@@ -64,24 +56,19 @@ def main(argv: list[str] | None = None) -> int:
             except GateNotPassed as e:
                 raise EvalError(str(e)) from None
         with torch_threads(ep.threads):
-            outputs, report = evaluate(params, args.tokens, args.contract, args.drafter, args.speculators)
+            result = evaluate(params, args.tokens, args.contract, args.drafter, args.speculators)
     except (ParamsError, EvalError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 1
     from draftgate.io import write_json, write_parquet, write_text
-    from draftgate.metrics import StageMetrics
 
     args.out.mkdir(parents=True, exist_ok=True)
-    write_parquet(args.out / "outputs.parquet", outputs)
+    write_parquet(args.out / "outputs.parquet", result.outputs)
     # What the engine was and what its /metrics said before and after (the eval gate parses them
     # itself); {"engine": "replay"} when none ran.
-    write_json(args.out / "engine.json", report.pop("_engine"))
-
-    m = StageMetrics("eval", rows_in=report.pop("_prompts"), rows_out=report.pop("_rows"), details_only=DETAILS_ONLY)
-    m.figures.update(report)
-    m.params = {"eval": as_dict(ep)}
-    m.write(args.metrics)
-    write_text(args.plot, _csv(report))
+    write_json(args.out / "engine.json", result.engine)
+    result.metrics.write(args.metrics)
+    write_text(args.plot, _csv(result.metrics.figures))
     return 0
 
 

@@ -1,26 +1,43 @@
 """The eval stage's work: held-out prompts decoded by every proposer with the target -> outputs, report.
 
-`evaluate()` returns the outputs table (ids and per-step counts, which the eval gate holds against
-its own greedy decoding) and the report (acceptance length per setting with bootstrap intervals,
-per-position rates, SpecForge's proxy); stages/eval.py checks the drafter gate and writes them.
+`evaluate()` returns an EvalRun: the outputs table (ids and per-step counts, which the eval gate
+holds against its own greedy decoding), the engine's record and the stage's StageMetrics (acceptance
+length per setting with bootstrap intervals, per-position rates, SpecForge's proxy), as every
+stage library returns its metrics; stages/eval.py checks the drafter gate and writes them.
 Kept apart from run.py, which the eval gate's check imports, so a change here does not rerun it.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The metric DVC shows is each proposer's acceptance length with its interval (12 columns, 260
+# characters a line). The breakdowns (draftgate/metrics.py BREAKDOWNS: the per-setting runs, per
+# dataset, mode and position) and these keys are in the details only: the settings and counts, the
+# gap between served modes (from the per-mode breakdown), vLLM's definition of the length and
+# SpecForge's proxy.
+DETAILS_ONLY = ("k", "max_new_tokens", "prompts", "tokens", "verify_forwards", "accepted_fraction",
+                "vllm_acceptance_length", "mode_gap", "proxy", "proxy_simulated_acceptance_length")
+
+
+@dataclass
+class EvalRun:
+    outputs: Any                 # pyarrow Table: outputs.parquet
+    engine: dict[str, Any]       # engine.json: what the engine was and its /metrics ({"engine": "replay"} when none ran)
+    metrics: Any                 # draftgate.metrics.StageMetrics: rows in = held-out prompts, out = decoded rows
+
 
 def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None,
-             speculators_dir: Path | None = None) -> tuple[Any, dict]:
+             speculators_dir: Path | None = None) -> EvalRun:
     """Every proposer of `eval.proposers` decoding the kept held-out prompts of `tokens` with the
-    target: (the outputs table, the report: figures per setting, the drafter's and the n-gram
-    baseline's, SpecForge's proxy). The eval stage writes both; `_prompts`/`_rows` are its counts.
-    With `eval.engine: vllm`, vLLM also decodes them with the speculators export (`speculators_dir`;
-    evaluate/engine.py): its outputs join the table (proposer "vllm", no per-step counts: the
-    engine reports counters), its counters the report (`engine`), and `_engine` is engine.json's record."""
+    target: the outputs table and the metrics (figures per setting, the drafter's and the n-gram
+    baseline's, SpecForge's proxy). With `eval.engine: vllm`, vLLM also decodes them with the
+    speculators export (`speculators_dir`; evaluate/engine.py): its outputs join the table
+    (proposer "vllm", no per-step counts: the engine reports counters), its counters the metrics
+    (`engine`), and its record is EvalRun.engine."""
     from draftgate.evaluate import ngram, stats
     from draftgate.evaluate.proposers import (
         Eagle3Proposer, NgramProposer, OracleProposer, RandomProposer)
@@ -86,8 +103,8 @@ def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None
         s["by_dataset"] = by_group(r, prompts, lambda p: p.dataset or "unknown", ep.bootstrap_samples, ep.seed)
         s["by_mode"] = by_group(r, prompts, lambda p: p.mode or "unknown", ep.bootstrap_samples, ep.seed)
         s["mode_gap"] = mode_gap(s["by_mode"], served)
-    report: dict = {"_prompts": len(prompts), "_rows": len(prompts) * len(runs),
-                    "k": ep.k, "max_new_tokens": ep.max_new_tokens,
+    rows_out = len(prompts) * len(runs)
+    report: dict = {"k": ep.k, "max_new_tokens": ep.max_new_tokens,
                     "definition": "acceptance_length = tokens emitted per target verify forward, bonus token "
                                   "included (SGLang; vLLM's 1 + accepted/drafts is vllm_acceptance_length); "
                                   "ci95 = bootstrap percentile interval over prompts",
@@ -121,17 +138,17 @@ def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None
                             "pass --speculators data/drafter/speculators and keep eagle3 in eval.proposers")
         t0 = time.perf_counter()
         replay = next(r for r in runs if r.setting == "eagle3").outputs
-        served, report["engine"], report["_engine"] = engine.measure(params, prompts, speculators_dir, end_ids, replay)
+        served, report["engine"], engine_record = engine.measure(params, prompts, speculators_dir, end_ids, replay)
         report["engine"]["seconds"] = round(time.perf_counter() - t0, 1)
         table_runs.append(Run("vllm", engine.SETTING, [Decoded(ids, finish, None, None, None)
                                                        for ids, finish in zip(served.ids, served.finish)], k))
-        report["_rows"] += len(prompts)
+        rows_out += len(prompts)
         e = report["engine"]
         print(f"  vllm engine: acceptance length {e['acceptance_length']:.4f} (vLLM's), replay "
               f"{e['replay_acceptance_length']:.4f}; {e['drafts']} drafts (replay {e['replay_drafts']}), outputs "
               f"equal to the replay's {e['outputs_equal_replay']}/{e['outputs']}, {e['seconds']} s")
     else:
-        report["_engine"] = {"engine": "replay"}
+        engine_record = {"engine": "replay"}
     print(f"eval: done in {time.perf_counter() - started:.1f} s")
     for name in ("drafter", "ngram"):
         if name in report:
@@ -142,4 +159,10 @@ def evaluate(params: Any, tokens: Path, contract: Path, drafter_dir: Path | None
                 for g, v in r[group].items():
                     print(f"    {g:<14} {v['acceptance_length']:.3f} (95% CI {v['ci95']['low']:.3f}-"
                           f"{v['ci95']['high']:.3f}, {v['prompts']} prompts)")
-    return outputs_table(prompts, table_runs), report
+    from draftgate.config import as_dict
+    from draftgate.metrics import StageMetrics
+
+    m = StageMetrics("eval", rows_in=len(prompts), rows_out=rows_out, details_only=DETAILS_ONLY)
+    m.figures.update(report)
+    m.params = {"eval": as_dict(ep)}
+    return EvalRun(outputs_table(prompts, table_runs), engine_record, m)
