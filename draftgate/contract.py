@@ -385,35 +385,6 @@ def compare_ids(engine: Sequence[int] | None, ours: list[int], ours_parsed: list
     return EngineRender(status, engine, k, f"engine {around(engine)} | ours {around(ours)}", None)
 
 
-def template_roles(template: Any, ids: Mapping[str, int]) -> dict[str, Any] | None:
-    """The verified ids by role, for checks that recompute structure from ids alone."""
-    names = set(template.special_names)
-    if not names <= set(ids):
-        return None
-    markers = set()
-    think = None
-    if template.think_tokens:
-        think = [ids[template.think_tokens[0]], ids[template.think_tokens[1]]]
-        markers.update(template.think_tokens)
-    pairs = [[ids[a], ids[b]] for a, b in template.tool_marker_pairs]
-    for a, b in template.tool_marker_pairs:
-        markers.update((a, b))
-    # Kimi may run from reasoning straight into its tool-call section without </think>.
-    implicit = [ids[template.tool_marker_pairs[0][0]]] if template.family == "kimi" else []
-    inner = sorted(ids[n] for n in names if n in markers)
-    return {
-        "end_id": ids[template.end_token],
-        "think_open": think[0] if think else None,
-        "think_close": think[1] if think else None,
-        "tool_pairs": pairs,
-        "think_implicit_close": implicit,
-        # Specials a completion may hold before its end: the think and tool-call markers. Any
-        # other special id inside a completion (a turn header, the end token) is text gone wrong.
-        "completion_markers": inner,
-        "turn_structure": sorted(ids[n] for n in names if n not in markers),
-    }
-
-
 def vocab_table(tok: Any) -> Any:
     """Every id's bytes (hex), so gates can decode ids without loading the tokenizer: a second
     opinion on whether two id sequences spell the same text."""
@@ -514,6 +485,7 @@ def run(params: Any) -> ContractRun:
     from draftgate.templates import get_template
     from draftgate.templates.corpus import generated_corpus
     from draftgate.templates.probes import PROBES
+    from draftgate.templates.roles import template_roles
     from draftgate.templates.shapes import covering_corpus
     from draftgate.tokenizers import load_tokenizer
 

@@ -21,7 +21,8 @@ from draftgate.gates import validate as gates
 from draftgate.reconstruct.core import Setup
 from draftgate.templates import get_template
 from reconstruct_fixtures import reconstruct_tables
-from draftgate.contract import template_roles, vocab_table
+from draftgate.contract import vocab_table
+from draftgate.templates.roles import template_roles
 from test_reconstruct_gate import THRESHOLDS, greetings, names, tables
 
 SUITE = Path(__file__).resolve().parents[1] / "expectations" / "tokens.json"

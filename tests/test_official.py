@@ -16,7 +16,8 @@ import yaml
 
 from draftgate import schema
 from draftgate.config import TokenizerParams
-from draftgate.contract import check_template, template_roles
+from draftgate.contract import check_template
+from draftgate.templates.roles import template_roles
 from draftgate.official import gguf_chat_template, official_template
 from draftgate.reconstruct.core import Setup
 from draftgate.templates import get_template

@@ -14,7 +14,8 @@ import yaml
 
 from draftgate.gates import validate as gates
 from draftgate.config import BillingParams
-from draftgate.contract import template_roles, vocab_table
+from draftgate.contract import vocab_table
+from draftgate.templates.roles import template_roles
 from draftgate.reconstruct.core import Setup
 from draftgate.templates import encode_segments, get_template
 from reconstruct_fixtures import reconstruct_tables

@@ -61,7 +61,8 @@ def tables(ids, after_p1=None, after_p0=None):
 def run_gate(tmp_path, tok, after, before, responses):
     import pyarrow.parquet as pq
 
-    from draftgate.contract import template_roles, vocab_table
+    from draftgate.contract import vocab_table
+    from draftgate.templates.roles import template_roles
     from draftgate.templates import get_template
 
     for name, t in (("tokens", after), ("before", before), ("responses", responses)):

@@ -16,7 +16,8 @@ import yaml
 
 from draftgate.checks.serving import common_run
 from draftgate.config import PromptsParams
-from draftgate.contract import template_roles, vocab_table
+from draftgate.contract import vocab_table
+from draftgate.templates.roles import template_roles
 from draftgate.reconstruct.core import Setup
 from draftgate.templates import encode_segments, get_template
 from prompts_fixtures import ingest

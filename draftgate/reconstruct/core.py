@@ -79,7 +79,7 @@ def markers(setup: Setup) -> Markers:
             f"the contract has no ids for {', '.join(missing)} (template {t.name}); rerun the "
             "contract stage with this template so that every special name is resolved")
     # The same roles the contract records for the gates (one derivation of them).
-    from draftgate.contract import template_roles
+    from draftgate.templates.roles import template_roles
 
     r = template_roles(t, ids)
     return Markers(end=r["end_id"],
