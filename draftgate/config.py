@@ -246,13 +246,18 @@ class BillingParams:
     prefill: dict[str, str] = field(default_factory=dict)
 
 
+# The names of draftgate/provider_rules.py's RULES, the one place a request rule lives (its import
+# holds the two equal, as templates/__init__.py does TEMPLATE_NAMES); config imports no rule code.
+REQUEST_RULES = ("drop_function_strict",)
+
+
 @dataclass(frozen=True)
 class ReconstructParams:
     method: Literal["auto", "text"] = "auto"
     on_billing_mismatch: Literal["keep", "quarantine"] = "keep"
     # What providers change in a request before templating (docs/provider-rules.md has the
     # evidence for each): applied to the prompt before it is rendered.
-    request_rules: list[Literal["drop_function_strict"]] = field(
+    request_rules: list[Literal[REQUEST_RULES]] = field(
         default_factory=lambda: ["drop_function_strict"])
     billing: BillingParams = field(default_factory=BillingParams)
     # A completion whose seq-rep-4 (the share of its 4-grams of ids repeating an earlier one,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from draftgate.config import REQUEST_RULES
+
 
 def drop_function_strict(tools: list[dict]) -> list[dict]:
     """Remove `strict` from each function declaration.
@@ -29,6 +31,9 @@ def drop_function_strict(tools: list[dict]) -> list[dict]:
 RULES: dict[str, Callable[[list[dict]], list[dict]]] = {
     "drop_function_strict": drop_function_strict,
 }
+if tuple(RULES) != REQUEST_RULES:     # params name the rules: a rule params cannot choose is dead code
+    raise ImportError(f"provider_rules.RULES {tuple(RULES)} != config.REQUEST_RULES {REQUEST_RULES}: "
+                      "list every rule's name in draftgate/config.py REQUEST_RULES, in RULES' order")
 
 
 def apply_rules(tools: Any, rules: Sequence[str]) -> Any:
