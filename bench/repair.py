@@ -14,8 +14,10 @@ Wilson interval, exact rows broken (must be 0), reasons, forwards and tokens sco
 the search's time per phase (base pass, window scoring, exact re-scoring) against the hidden
 stage's forward over the same rows, measured in the same run (rows sorted by length, right-padded,
 ~batch_tokens padded tokens per pass). Misses are split by cause: a search miss (the sampled ids
-score higher than the choice) or the posterior preferring another split. Generated rows are cached under --cache (keyed by the
-arguments), so a rerun only searches.
+score higher than the choice) or the posterior preferring another split, each also counted among
+the rows whose search row_candidates cut (`Outcome.capped`). Generated rows are cached under
+--cache, keyed by the arguments, the weights and the prompt files' bytes (--raw), so a rerun only
+searches and other prompt files make new rows.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import sys
 import time
@@ -32,14 +33,16 @@ from pathlib import Path
 
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
+def prompt_files_digest(raw: str, datasets: list[str]) -> str:
+    """sha256 over the prompt files the rows are sampled from ({raw}/{name}.jsonl, by name and bytes):
+    the row cache's key holds it, so other prompt files under the same dataset names are new rows."""
+    h = hashlib.sha256()
+    for name in datasets:
+        path = Path(raw, f"{name}.jsonl")
+        if not path.is_file():
+            raise SystemExit(f"bench/repair.py: {path} not found; pass --raw the folder holding {name}.jsonl")
+        h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
 
 
 def build_rows(lm, tok, args, partial: Path) -> list[dict]:
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from draftgate.checks.repair import wilson
     from draftgate.config import RepairParams
     from draftgate.repair.score import HFScorer, Sampling
     from draftgate.repair.search import FLOOR, Vocab, search_rows
@@ -112,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     lm = load("cpu")
     tok = smollm2_tokenizer()
     key = hashlib.sha256(json.dumps([args.temperature, args.top_p, args.datasets, args.repeats, args.limit,
-                                     args.max_tokens, lm.weights_fingerprint]).encode()).hexdigest()[:16]
+                                     args.max_tokens, lm.weights_fingerprint,
+                                     prompt_files_digest(args.raw, args.datasets)]).encode()).hexdigest()[:16]
     cached = Path(args.cache, f"rows-{key}.json")
     partial = cached.with_suffix(".partial.jsonl")
     if cached.is_file():
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     forwards = tokens = 0
     phases: dict[str, list[float]] = {}
     failures = []
-    graded = []          # (confidence, confidence_hi, differed, exact after) per row: calibration
+    graded = []          # (confidence, confidence_hi, differed, exact after, repaired) per row: calibration
     index = [k for k in range(len(rows)) if not args.only or k in args.only]    # the rows' own numbers
     rows = [rows[k] for k in index]
     target = (lambda r: None) if args.no_bill else (lambda r: r["billed"])
@@ -170,9 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                 acc[j] += v[j]
         assert vocab.bytes_of(out.ids) == vocab.bytes_of(r["canon"]), "a candidate changed the bytes"
         reasons[out.reason or "repaired"] += 1
+        counts["capped"] += out.capped
         exact_after = out.ids == r["truth"]
         if same_bytes and out.confidence is not None:
-            graded.append((out.confidence, out.confidence_hi, differs, exact_after))
+            graded.append((out.confidence, out.confidence_hi, differs, exact_after, out.status == "repaired"))
         # What ambiguous_margin 1 would have done: keep the text ids where they were admissible
         # (no bill, or the bill's length) and the choice won by under a nat.
         admissible = target(r) is None or target(r) == len(r["canon"])
@@ -199,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                 kind = ("ambiguous" if out.reason == "ambiguous" else
                         "search_miss" if ll_truth > ll_got else "posterior_prefers_other")
                 counts[kind] += 1
-                failures.append({"row": index[k], "reason": out.reason, "kind": kind, "ll_truth_minus_chosen":
+                counts[f"{kind}_capped"] += out.capped
+                failures.append({"row": index[k], "reason": out.reason, "kind": kind, "capped": out.capped,
+                                 "ll_truth_minus_chosen":
                                  round(ll_truth - ll_got, 2), "margin_runner_up": out.margin_runner_up,
                                  "canon_len": len(r["canon"]), "truth_len": len(r["truth"]),
                                  "diff": _diff(vocab, r["canon"], r["truth"], out.ids)})
@@ -238,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         "semantic": counts["semantic"], "outcomes": dict(reasons),
         "forwards_per_row": forwards / n, "tokens_scored_per_row": tokens / n,
         "row_tokens_per_row": sum(len(r["prompt"]) + len(r["canon"]) for r in rows) / n,
-        "misses": {k: v for k, v in counts.items() if k in ("search_miss", "posterior_prefers_other", "ambiguous")},
+        # Proven per row: the sampled ids scored against the choice over the whole row (search_miss:
+        # the sampled split scores higher); *_capped: of those, rows whose search row_candidates cut.
+        "misses": {k: v for k, v in counts.items() if k.startswith(("search_miss", "posterior_prefers_other", "ambiguous"))},
+        "capped_rows": counts["capped"],
         "phases": {ph: {"forwards_per_row": round(v[0] / n, 2), "tokens_per_row": round(v[1] / n, 1),
                         "s": round(v[2], 2)} for ph, v in phases.items()},
         "search_s": round(search_s, 2), "plain_forward_s": round(plain_s, 2),
@@ -255,12 +266,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def calibration(graded: list[tuple[float, float, bool, bool]]) -> dict:
+def calibration(graded: list[tuple[float, float, bool, bool, bool]]) -> dict:
     """Is the search's posterior of its choice (`Outcome.confidence`, mass at bound for unscored
     windows: errs low; `confidence_hi`, scored windows only: errs high) the share that comes out
     exact? Per bin over every graded row and over the differing ones; and, for a user who keeps
-    only rows at or above a confidence, the differing rows kept, made exact, and exact rows broken."""
-    out: dict = {}
+    only rows at or above a confidence, the differing rows kept, made exact, and exact rows broken.
+    `repaired_99`: gate_repair's calibration check on the repaired rows (draftgate/checks/repair.py)."""
+    from draftgate.checks.repair import interval, wilson
+
+    rep = [g for g in graded if g[4]]
+    lo, hi = interval([g[0] for g in rep], [g[1] for g in rep], 0.99) if rep else (0, 0)
+    out: dict = {"repaired_99": {"rows": len(rep), "made_exact": sum(g[3] for g in rep), "interval": [lo, hi],
+                                 "expected_low": round(sum(g[0] for g in rep), 2),
+                                 "expected_high": round(sum(g[1] for g in rep), 2)}}
     for name, k in (("low", 0), ("high", 1)):
         for scope, rows in (("all", graded), ("differing", [g for g in graded if g[2]])):
             if rows:

@@ -374,6 +374,11 @@ class RepairGateParams:
     min_billing_agreement: Fraction = 0.98
     # Searched rows kept as they were because two splits were within repair.ambiguous_margin.
     max_ambiguous_share: Fraction = 0.05
+    # Calibration (draftgate/checks/repair.py): where the backend returned its ids, the repaired
+    # rows made exact, counted from the ids, lie in the central interval at this level of the
+    # count their confidences predict (Poisson-binomial: low estimates' lower tail to high
+    # estimates' upper tail). A calibrated stage fails it at most 1 - level of the time.
+    calibration_level: Annotated[float, Range(gt=0.0, lt=1.0)] = 0.99
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from draftgate.config import ParamsError, as_dict, load_params
+    from draftgate.config import ParamsError, load_params
     from draftgate.device import torch_threads
     from draftgate.gates.result import GateNotPassed, require_passed
     from draftgate.io import write_parquet
-    from draftgate.metrics import StageMetrics
     from draftgate.repair.run import RepairError, load_request, run
 
     try:
@@ -46,14 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         request = load_request(params, args.tokens, args.vocab, args.responses)
         with torch_threads(params.repair.threads if params.repair.backend == "hf" else None):
-            table, figures = run(dataclasses.replace(request, progress=_progress(started)))
+            result = run(dataclasses.replace(request, progress=_progress(started)))
     except (ParamsError, GateNotPassed, RepairError) as e:
         print(f"repair: {e}", file=sys.stderr)
         return 1
-    rows_in, rows_out = figures.pop("rows_in"), figures.pop("rows_out")
-    figures["elapsed_s"] = round(time.perf_counter() - started, 3)
-    write_parquet(args.out, table)
-    StageMetrics("repair", rows_in, rows_out, figures=figures, params=as_dict(params.repair)).write(args.metrics)
+    result.metrics.figures["elapsed_s"] = round(time.perf_counter() - started, 3)
+    write_parquet(args.out, result.table)
+    result.metrics.write(args.metrics)
     return 0
 
 

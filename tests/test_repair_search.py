@@ -203,6 +203,18 @@ def test_a_bill_no_tokenization_can_reach_keeps_the_row_with_a_reason(lm, vocab)
     assert capped.status == "kept" and capped.reason == "budget" and capped.candidates == 1
 
 
+def test_a_search_cut_by_the_window_cap_says_so_and_its_low_confidence_still_errs_low(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, TRANSPOSE)
+    full = repaired(lm, vocab, prompt, canon, len(truth))
+    cut = repaired(lm, vocab, prompt, canon, len(truth), row_candidates=4)
+    assert not full.capped and full.candidates > 4 * full.passes      # the cap binds below the search's need
+    assert cut.capped and cut.ids == full.ids == truth and cut.reason is None
+    # The windows the cap left unscored count at their bound (above their value): the same choice's
+    # low estimate is lower than the full search's, never higher (dropped, they raised it above it).
+    assert cut.confidence < full.confidence <= full.confidence_hi
+    assert cut.confidence < 0.99 < cut.confidence_hi
+
+
 def test_the_stage_function_repairs_text_rows_and_keeps_the_text_ids_beside_them(lm, vocab):
     import pyarrow as pa
 
@@ -217,20 +229,25 @@ def test_the_stage_function_repairs_text_rows_and_keeps_the_text_ids_beside_them
                 "method": method, "n_completion": len(completion), "billed_completion_tokens": len(truth),
                 "billing_convention": "counts_end", "billing_residual": len(completion) - len(truth)}
     table = pa.Table.from_pylist([tok_row("a", "text", canon), tok_row("b", "truth", truth)], schema=schema.tokens())
-    out, metrics = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, RepairParams()))
-    a, b = out.to_pylist()
+    result = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, RepairParams()))
+    a, b = result.table.to_pylist()
+    metrics = result.metrics.figures
     assert (a["method"], a["completion_ids"], a["text_ids"], a["billing_residual"]) == ("repaired", truth, canon, 0)
     assert a["input_ids"] == prompt + truth and sum(a["loss_mask"]) == len(truth)
     assert b["method"] == "truth" and b["repair_status"] is None      # ids from the backend: not searched
     assert metrics["searched"] == 1 and metrics["repaired"] == 1 and metrics["not_searched"] == 1
     assert a["quarantine_reason"] is None and 0 < a["repair_confidence"] <= 1
     assert metrics["expected_made_exact"] == pytest.approx(a["repair_confidence"], abs=1e-3)
+    assert a["repair_confidence"] <= a["repair_confidence_hi"] <= 1 and a["repair_capped"] is False
+    assert metrics["capped"] == 0 and sum(metrics["confidence_tenths"].values()) == 1
+    assert result.metrics.to_dict()["rows_in"] == 2 and result.metrics.stage == "repair"
 
     # A user who trains only on splits the target is sure of: above the row's confidence, the row
     # stays in the table, repaired ids and all, but out of hidden and train.
     strict = RepairParams(min_confidence=min(1.0, a["repair_confidence"] + 1e-6))
-    out, metrics = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, strict))
-    a = out.to_pylist()[0]
+    result = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, strict))
+    a = result.table.to_pylist()[0]
+    metrics = result.metrics.figures
     assert (a["method"], a["completion_ids"], a["quarantine_reason"]) == ("repaired", truth, "repair_low_confidence")
     assert metrics["quarantined_low_confidence"] == 1
 
@@ -257,7 +274,7 @@ def test_float_noise_of_another_cpu_moves_no_byte_of_the_stage_table(lm, vocab):
 
     def stage() -> tuple[bytes, list[float]]:
         scored = HFScorer(lm.model, SAMPLING).score(prompt + truth, len(prompt))
-        out, _ = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, RepairParams()))
+        out = run(Request(table, HFScorer(lm.model, SAMPLING), vocab, RepairParams())).table
         buf = io.BytesIO()
         pq.write_table(out, buf)
         return buf.getvalue(), list(scored.logprobs)

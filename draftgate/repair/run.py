@@ -1,5 +1,6 @@
 """The repair stage's library function: the tokens table in, the repaired tokens table and the
-stage's metrics out (stages/repair.py reads the inputs with `load_request`, calls `run`, writes).
+stage's StageMetrics out (`Result`; stages/repair.py reads the inputs with `load_request`, calls
+`run`, writes both).
 
 Rows searched: kept rows (quarantine_reason null) whose ids came from the text method. Other
 rows pass through unchanged. A repaired row gets method `repaired`, its new completion ids
@@ -8,7 +9,8 @@ rows pass through unchanged. A repaired row gets method `repaired`, its new comp
 the tokens gate's mismatch recount and gate_repair read both. Every searched row records its
 outcome in the repair_* columns (`schema()`: the tokens schema plus these). A repaired row whose
 confidence is below repair.min_confidence is quarantined (`repair_low_confidence`): it stays in the
-table, out of hidden and train.
+table, out of hidden and train. A row whose search repair.row_candidates cut says so
+(`repair_capped`), whatever its outcome, and the metrics count them (`capped`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ COLUMNS = (
     # name, arrow type name, meaning
     ("repair_status", "string", "repaired | kept (searched) | null (not searched: not the text method, or quarantined)"),
     ("repair_reason", "string", "kept: canonical | ambiguous | no_candidate | budget"),
+    ("repair_capped", "bool_", "the search was cut by repair.row_candidates: windows that could have entered the "
+                               "contenders went unscored (the choice may be a search miss; confidence counts them at their bound)"),
     ("repair_no_bill", "bool_", "searched without a length constraint (no billed count or convention)"),
     ("repair_target_len", "int32", "the completion length the bill asks for under the convention"),
     ("repair_margin_runner_up", "float64", "nats (to 0.01): the chosen tokenization over the runner-up"),
     ("repair_margin_canonical", "float64", "nats (to 0.01): the chosen tokenization over the canonical encoding"),
     ("repair_confidence", "float64", "the choice's posterior among every split of the text at the length (errs low; to 0.001)"),
+    ("repair_confidence_hi", "float64", "the same over the scored windows only (errs high; to 0.001)"),
     ("repair_candidates", "int32", "windows scored"),
     # Fractional: a batched first pass is shared out over its rows (search.search_rows).
     ("repair_forwards", "float64", "model passes (or engine requests) spent on the row"),
@@ -90,14 +95,24 @@ def target_length(billed: int | None, convention: str | None, ends_with_eos: boo
     return billed + (1 if convention == EXCLUDES_END and ends_with_eos else 0)
 
 
-def run(request: Request) -> tuple[Any, dict]:
+@dataclass(frozen=True)
+class Result:
+    table: Any              # pyarrow Table in schema()
+    metrics: Any            # draftgate.metrics.StageMetrics
+
+
+def run(request: Request) -> Result:
     import pyarrow as pa
+
+    from draftgate.config import as_dict
+    from draftgate.metrics import StageMetrics
 
     p = request.params
     rows = request.tokens.to_pylist()
     counts: Counter = Counter()
     forwards = tokens_scored = candidates = 0
-    expected = 0.0                 # the repaired rows' summed confidence: made exact, expected
+    expected = expected_hi = 0.0   # the repaired rows' summed confidences: made exact, expected (low, high)
+    tenths = [0] * 10              # the repaired rows' confidences (low estimate) in tenths
     phases: dict[str, list[float]] = {}
 
     def searchable(row: dict) -> bool:
@@ -127,6 +142,7 @@ def run(request: Request) -> tuple[Any, dict]:
         counts[out.status] += 1
         counts[f"reason_{out.reason}"] += out.reason is not None
         counts["no_bill"] += out.no_bill
+        counts[f"capped_{out.status}"] += out.capped
         forwards += out.forwards
         tokens_scored += out.tokens
         candidates += out.candidates
@@ -134,15 +150,18 @@ def run(request: Request) -> tuple[Any, dict]:
             acc = phases.setdefault(phase, [0.0, 0.0, 0.0])
             for k, v in enumerate(figures):
                 acc[k] += v
-        row.update(repair_status=out.status, repair_reason=out.reason, repair_no_bill=out.no_bill,
-                   repair_target_len=out.target_len,
+        row.update(repair_status=out.status, repair_reason=out.reason, repair_capped=out.capped,
+                   repair_no_bill=out.no_bill, repair_target_len=out.target_len,
                    repair_margin_runner_up=_stored(out.margin_runner_up, MARGIN_DECIMALS),
                    repair_margin_canonical=_stored(out.margin_canonical, MARGIN_DECIMALS),
                    repair_confidence=confidence,
+                   repair_confidence_hi=_stored(out.confidence_hi, CONFIDENCE_DECIMALS),
                    repair_candidates=out.candidates,
                    repair_forwards=out.forwards, repair_tokens_scored=out.tokens)
         if out.status == "repaired":
             expected += confidence or 0.0
+            expected_hi += row["repair_confidence_hi"] or 0.0
+            tenths[min(9, int((confidence or 0.0) * 10))] += 1
             if confidence is not None and confidence < p.min_confidence:
                 # Kept in the table, repaired ids and all, for the audit; out of training.
                 row["quarantine_reason"] = "repair_low_confidence"
@@ -159,17 +178,26 @@ def run(request: Request) -> tuple[Any, dict]:
                     row["billing_residual"] = len(out.ids) - row["repair_target_len"]
     searched = counts["repaired"] + counts["kept"]
     graded = _graded(rows, request.truth) if request.truth is not None else {}
-    metrics = {
-        "rows_in": len(rows), "rows_out": len(rows), "searched": searched,
+    m = StageMetrics("repair", rows_in=len(rows), rows_out=len(rows), params=as_dict(p),
+                     details_only=("confidence_tenths",))
+    m.figures.update({
+        "searched": searched,
         "repaired": counts["repaired"], "kept": counts["kept"], "not_searched": counts["not_searched"],
         "kept_by_reason": {k[7:]: v for k, v in sorted(counts.items()) if k.startswith("reason_") and v},
         "no_bill": counts["no_bill"],
+        # Rows whose search row_candidates cut (repair_capped): never silent, whatever the outcome.
+        "capped": counts["capped_repaired"] + counts["capped_kept"],
+        "capped_repaired": counts["capped_repaired"],
         "quarantined_low_confidence": counts["low_confidence"],
         "ambiguous_share": counts["reason_ambiguous"] / searched if searched else 0.0,
         # Without ground truth: how many of the repaired rows the target's own posterior expects
-        # to be the ids it sampled (docs/repair.md "Confidence"; bench/repair.py checks it).
+        # to be the ids it sampled (docs/repair.md "Confidence"; bench/repair.py checks it): the
+        # low estimate (unscored windows at their bound) and the high one (scored windows only).
         "expected_made_exact": round(expected, 3),
+        "expected_made_exact_high": round(expected_hi, 3),
         "expected_exact_share_of_repaired": round(expected / counts["repaired"], 4) if counts["repaired"] else 1.0,
+        # Repaired rows per tenth of confidence (low estimate): [0, 0.1) ... [0.9, 1].
+        "confidence_tenths": {f"{k / 10:.1f}": n for k, n in enumerate(tenths)},
         "forwards_per_searched_row": forwards / searched if searched else 0.0,
         "tokens_scored_per_searched_row": tokens_scored / searched if searched else 0.0,
         "candidates_per_searched_row": candidates / searched if searched else 0.0,
@@ -177,14 +205,14 @@ def run(request: Request) -> tuple[Any, dict]:
         "phases": {name: {"forwards": f, "tokens": t, "seconds": round(sec, 3)}
                    for name, (f, t, sec) in sorted(phases.items())},
         **graded,
-    }
-    return pa.Table.from_pylist(rows, schema=schema()), metrics
+    })
+    return Result(pa.Table.from_pylist(rows, schema=schema()), m)
 
 
 def _graded(rows: list[dict], truth: dict[str, list[int]]) -> dict:
     """Against the backend's own ids (the yardstick a text-only API lacks): searched rows that
     differed from them before and after, made exact, broken."""
-    before = after = made = broken = 0
+    before = after = made = broken = capped = capped_made = 0
     for row in rows:
         t = truth.get(row["prompt_id"])
         if row["repair_status"] is None or t is None:
@@ -194,8 +222,11 @@ def _graded(rows: list[dict], truth: dict[str, list[int]]) -> dict:
         after += row["completion_ids"] != t
         made += was != t and row["completion_ids"] == t
         broken += was == t and row["completion_ids"] != t
+        capped += was != t and row["repair_capped"]
+        capped_made += was != t and row["repair_capped"] and row["completion_ids"] == t
     return {"truth": {"differing_before": before, "differing_after": after, "made_exact": made,
-                      "exact_broken": broken, "made_exact_share": made / before if before else 1.0}}
+                      "exact_broken": broken, "made_exact_share": made / before if before else 1.0,
+                      "capped_differing": capped, "capped_made_exact": capped_made}}
 
 
 def load_request(params: Any, tokens: Any, vocab: Any, truth: Any = None) -> Request:

@@ -20,14 +20,17 @@ token other than C's at a boundary. So:
    (billed count under the provider's convention minus len(C)) with the largest total delta,
    keeping the `beam` best; branch and bound scores (`Scorer.score_branches`, on the cached prefix)
    only the windows that, by their bounds, could enter the contenders: the best two, and the
-   others within rescore_margin nats of the best (`_pass`, `_contenders`). Without a usable bill
-   the length is free (flag `no_bill`).
+   others within rescore_margin nats of the best (`_pass`, `_contenders`); a round's spare slots
+   go to the windows of highest max-marginal (the best split at the length that holds them), so
+   row_candidates is spent best first. Without a usable bill the length is free (flag `no_bill`).
+   Where row_candidates runs out first, the choice is made among the scored windows and the row
+   says so (`Outcome.capped`).
 4. The contenders are re-scored exactly: their ids from the first edit on, against the cached
    prefix, so the margins are full-sequence log-likelihood differences, not the sum of local
    deltas (windows interact when close). The winner's re-score is the next pass's base.
 5. The winner's CONFIDENCE is its share of the likelihood of every split at the length (`_log_mass`:
-   the same programme summing instead of maximising; unscored windows at their bound, so it errs
-   low): the posterior that the choice is what was sampled.
+   the same programme summing instead of maximising; unscored windows at their bound, those the
+   cap left out included, so it errs low): the posterior that the choice is what was sampled.
 
 Every candidate is built from tokens whose bytes tile the span exactly, so it decodes to the same
 bytes by construction; `decodes_to` proves it again for the chosen ids.
@@ -120,6 +123,10 @@ class Outcome:
     tokens: int
     edits: list[Window] = field(default_factory=list)
     passes: int = 0
+    # A pass spent row_candidates windows while windows that could enter its contenders were still
+    # unscored: the choice was made among the scored ones (it may be a search miss), and the
+    # confidence's low estimate counts the unscored at their bound (so it still errs low).
+    capped: bool = False
     # phase -> [forwards, tokens, seconds]: base (the first pass over prompt + canonical ids),
     # windows (scoring candidate windows), rescore (exact scores of the contenders, later bases).
     phases: dict[str, list[float]] = field(default_factory=dict)
@@ -164,6 +171,7 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
         r = _pass(prompt, ids, base, target_len, scorer, vocab, params, known, clock)
         out.candidates += r.candidates
         out.passes = k + 1
+        out.capped = out.capped or r.truncated
         if total_canon is None:
             total_canon = r.base_total
         if not r.ranked:
@@ -287,9 +295,11 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     log-probability minus the base's over the span and the re-join (the rest is <= 0). The search
     is branch and bound over those: the dynamic programme runs on exact deltas where scored and
     bounds elsewhere; the unscored windows in its contenders (the best one, where that is the base)
-    are scored, with the next best bounds, in one tree-masked forward; until the contenders are
+    are scored, with the next by max-marginal, in one tree-masked forward; until the contenders are
     exact. So only windows that could enter the contenders are scored: on exact rows, the few whose
-    bound beats the base."""
+    bound beats the base. (Filling the rounds by max-marginal rather than bare bound halved the
+    windows scored on tests/test_repair_search.py's four rows, 82/208/48/112 -> 34/48/16/32, for
+    the same choices.) Where row_candidates runs out first, the pass is `truncated`."""
     base = prompt + canon
     p0 = len(prompt)
     lp = [max(v, FLOOR) for v in scored.logprobs]
@@ -336,25 +346,40 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             ref = sum(lp[w.start:min(len(canon), w.end + la)])
             value[k] = -math.inf if min(got[:len(w.ids)]) == -math.inf else sum(max(v, FLOOR) for v in got) - ref
 
-    pending = sorted((k for k in range(len(windows)) if k not in value), key=lambda k: -bound[k])
+    def current() -> list[float]:
+        # Exact where scored; unscored windows at their bound, or out of the running (-inf) once
+        # the cap cut the search (the decision is then made among scored windows only).
+        return [value.get(k, -math.inf if truncated else bound[k]) for k in range(len(windows))]
+
     while True:
-        best = _contenders(_best(len(canon), windows, [value.get(k, bound[k]) for k in range(len(windows))],
-                                 want, params.max_length_delta, params.beam), params.rescore_margin)
+        vals = current()
+        best = _contenders(_best(len(canon), windows, vals, want, params.max_length_delta, params.beam),
+                           params.rescore_margin)
         need = [k for sol in best for k in sol if k not in value] if best and best[0] else []
         if not need:
             break
         room = params.row_candidates - candidates
         if room <= 0:
+            # Windows that could enter the contenders were left unscored: the row says so
+            # (Outcome.capped, column repair_capped), and the confidence's low estimate still
+            # counts them at their bound (below), so it keeps erring low.
             truncated = True
-            for k in pending:
-                value.setdefault(k, -math.inf)        # not scored: out of the running
-            best = _contenders(_best(len(canon), windows, [value[k] for k in range(len(windows))], want,
-                                     params.max_length_delta, params.beam), params.rescore_margin)
+            best = _contenders(_best(len(canon), windows, current(), want, params.max_length_delta, params.beam),
+                               params.rescore_margin)
             break
-        taken = set(need[:room])
-        batch = list(taken) + [k for k in pending if k not in taken][:max(0, min(room, params.window_batch) - len(taken))]
-        pending = [k for k in pending if k not in set(batch)]
-        score(batch)
+        taken = list(dict.fromkeys(need))[:room]
+        fill = max(0, min(room, params.window_batch) - len(taken))
+        if fill:
+            # The round's other slots go to the windows most likely to be asked for next: by their
+            # max-marginal (the best split at the length that holds them, on current values), not
+            # their bare bound, which ignores whether a split at the bill's length can hold them.
+            # So the row_candidates cap is spent best-first, on windows that could still win.
+            mm = _max_marginals(len(canon), windows, vals, want, params.max_length_delta)
+            chosen = set(taken)
+            rest = sorted((k for k in range(len(windows)) if k not in value and k not in chosen and mm[k] > -math.inf),
+                          key=lambda k: (-mm[k], -bound[k], k))
+            taken += rest[:fill]
+        score(taken)
     # The decision is made; the rest only sharpens the confidence: unscored windows that could
     # sit in a split within confidence_nats of the best (by their bounds) are scored, so the mass
     # counts them at their value, not at a bound that is often nats too high. Scoring can only
@@ -376,7 +401,8 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
                      params.max_length_delta)
     mass_scored = _log_mass(len(canon), windows, [value.get(k, -math.inf) for k in range(len(windows))],
                             want, params.max_length_delta)
-    picked = [sol for sol in best if all(value.get(k, bound[k]) > -math.inf for k in sol)]
+    decided = current()
+    picked = [sol for sol in best if all(decided[k] > -math.inf for k in sol)]
     sols = [tuple(windows[k] for k in sol) for sol in picked]
     # Exact log-likelihoods of the contenders (from their first edit on, on the cached prefix). The
     # winner's re-score is the next pass's base pass (the scorer reuses the prefix before its
@@ -388,7 +414,7 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         elif not sols[0]:
             # The base won: it stays whatever the runner-up's exact score, so the runner-up is not
             # re-scored; its margin is the local one (a bound where a delta was not scored).
-            ranked.append((total + sum(value.get(i, bound[i]) for i in picked[k]), edits))
+            ranked.append((total + sum(decided[i] for i in picked[k]), edits))
         elif k:
             ids = _apply(canon, edits)
             first = edits[0].start

@@ -1,0 +1,28 @@
+"""bench/repair.py's row cache: keyed by the prompt files' bytes, not only by the datasets' names."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.repair import prompt_files_digest  # noqa: E402
+
+
+def test_other_prompt_files_under_the_same_dataset_names_key_other_rows(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, text in ((a, "write a haiku"), (b, "write a sonnet")):
+        folder.mkdir()
+        (folder / "chat.jsonl").write_text(f'{{"messages": [{{"role": "user", "content": "{text}"}}]}}\n')
+    assert prompt_files_digest(str(a), ["chat"]) != prompt_files_digest(str(b), ["chat"])
+    (b / "chat.jsonl").write_bytes((a / "chat.jsonl").read_bytes())
+    assert prompt_files_digest(str(a), ["chat"]) == prompt_files_digest(str(b), ["chat"])
+
+
+def test_a_missing_prompt_file_names_the_folder_to_pass():
+    with pytest.raises(SystemExit, match="pass --raw"):
+        prompt_files_digest(str(ROOT / "data" / "raw"), ["no_such_dataset"])
