@@ -760,7 +760,12 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
         raise ParamsError(f"{source}: {key}: expected {_name(tp)}, got {value!r}")
     if origin is Literal:
         if value not in args:
-            raise ParamsError(f"{source}: {key}: {value!r} is not one of {', '.join(map(repr, args))}")
+            # read_yaml keeps a bare off a string; a YAML 1.1 reader (PyYAML's safe_load, a script
+            # that rewrote the file) turns it into false, which lands here.
+            hint = (f" (a YAML 1.1 reader took a bare {' or '.join(w for w in ('off', 'no', 'on', 'yes') if w in args)}"
+                    f" for {str(value).lower()}: quote it)") if isinstance(value, bool) and \
+                {"off", "no", "on", "yes"} & set(args) else ""
+            raise ParamsError(f"{source}: {key}: {value!r} is not one of {', '.join(map(repr, args))}{hint}")
         return value
     if origin is list:
         if not isinstance(value, list):

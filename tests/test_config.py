@@ -259,3 +259,15 @@ def test_a_param_dvc_exp_run_set_to_off_reads_as_the_string_off(tmp_path):
     assert load_params(tmp_path / "params.yaml").repair.backend == "off"
     # ...and true/false still read as booleans.
     assert read_yaml("a: true\nb: off\nc: no\nd: False\n") == {"a": True, "b": "off", "c": "no", "d": False}
+
+
+def test_an_off_that_a_yaml_1_1_reader_turned_into_false_is_refused_saying_to_quote_it():
+    with pytest.raises(ParamsError, match=r"contract\.engine: False is not one of 'off', 'vllm' "
+                                          r"\(a YAML 1\.1 reader took a bare off for false: quote it\)"):
+        parse_params({"contract": {"engine": False}})
+
+
+def test_a_bare_off_in_params_yaml_is_the_string_off(tmp_path):
+    (tmp_path / "params.yaml").write_text("contract:\n  engine: off\nrepair:\n  backend: off\n")
+    p = load_params(tmp_path / "params.yaml")
+    assert (p.contract.engine, p.repair.backend) == ("off", "off")
