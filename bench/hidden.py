@@ -137,7 +137,8 @@ def main() -> int:
     from safetensors.torch import load_file
 
     from draftgate.config import HiddenParams
-    from draftgate.hidden.capture import eagle3_layers, padding_fraction
+    from draftgate.hidden.capture import padding_fraction
+    from draftgate.target import eagle3_layers
     from draftgate.hidden.extract import extract
     from draftgate.hidden.reader import OfflineFeatures
     from draftgate.hidden.shards import ITEMSIZE, merge, plan_shards

@@ -13,11 +13,12 @@ vocabulary: `logits_from_final` applies the final norm and the head where a chec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from draftgate.config import HiddenParams
 
@@ -139,6 +140,53 @@ def load_target(hidden_params: HiddenParams, device: str | None = None, param: s
                   compute_dtype=hidden_params.compute_dtype, weights_fingerprint=weights_fp,
                   tokenizer_fingerprint=tok_fp,
                   chat_template_sha256=hashlib.sha256(template.encode("utf-8")).hexdigest())
+
+
+def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's default auxiliary layers: [1, N//2 - 1, N - 4] (SmolLM2, N=30: [1, 14, 26])."""
+    if num_layers < 5:
+        raise ValueError(f"a target with {num_layers} layers is too shallow for EAGLE-3's [1, N//2-1, N-4]")
+    return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+def resolve_layers(layers: Sequence[int] | None, num_layers: int) -> tuple[int, int, int]:
+    """`hidden.layers` checked against the target (null = the EAGLE-3 default)."""
+    if layers is None:
+        return eagle3_layers(num_layers)
+    out = tuple(int(i) for i in layers)
+    if len(out) != 3 or any(not 0 <= i < num_layers for i in out):
+        raise ValueError(f"hidden.layers {list(out)}: need 3 decoder-layer ids in [0, {num_layers - 1}] "
+                         f"(0-based; the target has {num_layers} layers); null takes [1, N//2-1, N-4]")
+    return out  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def capturing(decoder: Any, layers: Sequence[int], batch: int, width: int, dtype: Any) -> Iterator[tuple[Any, Any]]:
+    """The EAGLE-3 features of whatever forward of `decoder` (the stack without the LM head) runs
+    inside: aux [batch, width, len(layers), H] (the outputs of decoder blocks `layers`, 0-based)
+    and final [batch, width, H] (the last block's output, BEFORE the final norm), stored in
+    `dtype` by forward hooks as the blocks run. One definition of the features for the hidden
+    stage's capture and the repair stage's base pass (docs/repair.md, "One prefill")."""
+    import torch
+
+    blocks = decoder.layers
+    param = next(decoder.parameters())
+    h = int(decoder.config.hidden_size)
+    aux = torch.empty((batch, width, len(layers), h), dtype=dtype, device=param.device)
+    final = torch.empty((batch, width, h), dtype=dtype, device=param.device)
+
+    def store(dest: Any) -> Any:
+        def hook(_module: Any, _args: Any, output: Any) -> None:
+            dest.copy_(output[0] if isinstance(output, tuple) else output)
+        return hook
+
+    handles = [blocks[i].register_forward_hook(store(aux[:, :, j])) for j, i in enumerate(layers)]
+    handles.append(blocks[len(blocks) - 1].register_forward_hook(store(final)))
+    try:
+        yield aux, final
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def check_layers(layers: list[int] | None, config_path: Path) -> None:

@@ -2,11 +2,14 @@
 
 python -m stages.hidden --params params.yaml --tokens data/repair/tokens.parquet \
     --gate data/gates/repair.json --out data/hidden --metrics metrics/hidden.json \
-    [--responses data/responses/responses.parquet --prompts data/prompts/prompts.parquet]
+    [--responses data/responses/responses.parquet --prompts data/prompts/prompts.parquet] \
+    [--prefill data/repair/prefill]
 
 Scale out: `torchrun --nproc-per-node N -m stages.hidden <same arguments>` (each rank extracts
 its share of the planned shards; rank 0 merges). Offline mode writes shards, index and manifest;
 online mode only the index and manifest (docs/hidden-states.md); the work is draftgate/hidden/run.py's.
+--prefill: the repair stage's base-pass features; rows whose ids equal its rows are copied, not
+forwarded again (docs/repair.md, "One prefill for two stages").
 Exit 1 on unusable input or params, or a failed extraction (a rerun resumes).
 """
 
@@ -26,6 +29,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metrics", required=True, type=Path)
     p.add_argument("--responses", type=Path, help="responses.parquet: prove the served weights (check_served)")
     p.add_argument("--prompts", type=Path, help="prompts.parquet, with --responses")
+    p.add_argument("--prefill", type=Path, help="the repair stage's prefill directory: its rows are not forwarded again")
     return p.parse_args(argv)
 
 
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         require_passed(args.gate, "gate_repair", "fix the repaired tokens before extracting hidden states")
         with torch_threads(params.hidden.threads):           # the shards' bytes depend on it
             metrics = run(params, HiddenRequest(tokens=args.tokens, out=args.out, responses=args.responses,
-                                                prompts=args.prompts))
+                                                prompts=args.prompts, prefill=args.prefill))
     except (ParamsError, GateNotPassed, HiddenError) as e:
         print(f"hidden: {e}", file=sys.stderr)
         return 1

@@ -3,10 +3,12 @@ the target most likely sampled it, held to the billed length (docs/repair.md).
 
 python -m stages.repair --params params.yaml --tokens data/tokens/tokens.parquet \
     --vocab data/contract/vocab.parquet --gate data/gates/tokens.json \
-    --out data/repair/tokens.parquet --metrics metrics/repair.json
+    --out data/repair/tokens.parquet --prefill data/repair/prefill --metrics metrics/repair.json
 
 Every row comes out (repaired rows: method `repaired`, the text method's ids in `text_ids`); the
-work is draftgate/repair/run.py's. Exit 1 on unusable input or params, or an engine that cannot score.
+work is draftgate/repair/run.py's. --prefill: the hidden stage's features of the rows whose ids the
+search kept, from the same base pass (draftgate/prefill.py; an empty one that says why where the
+backends cannot share it). Exit 1 on unusable input or params, or an engine that cannot score.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vocab", required=True, type=Path, help="the contract's vocab.parquet (every id's bytes)")
     p.add_argument("--gate", required=True, type=Path, help="the tokens gate's metric JSON")
     p.add_argument("--out", required=True, type=Path, help="the repaired tokens.parquet")
+    p.add_argument("--prefill", type=Path, help="directory for the hidden stage's prefill (omitted: none)")
     p.add_argument("--metrics", required=True, type=Path)
     p.add_argument("--responses", type=Path,
                    help="responses.parquet: grade against the backend's own ids where it returned them (metrics only)")
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)
         require_passed(args.gate, "gate_tokens", "fix the tokens before repairing them")
         started = time.perf_counter()
-        request = load_request(params, args.tokens, args.vocab, args.responses)
+        request = load_request(params, args.tokens, args.vocab, args.responses, args.prefill)
         with torch_threads(params.repair.threads if params.repair.backend == "hf" else None):
             result = run(dataclasses.replace(request, progress=_progress(started)))
     except (ParamsError, GateNotPassed, RepairError) as e:

@@ -22,7 +22,7 @@ def random_drafter(target, seed: int = 0, draft_vocab_size: int = 4096):
     import torch
 
     from draftgate.drafter.model import DrafterConfig, Eagle3Drafter
-    from draftgate.hidden.capture import eagle3_layers
+    from draftgate.target import eagle3_layers
 
     torch.manual_seed(seed)
     cfg = DrafterConfig.from_target(target.config, draft_vocab_size, eagle3_layers(target.num_layers))

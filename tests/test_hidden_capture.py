@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from draftgate.config import HiddenParams
-from draftgate.hidden.capture import capture, capture_rows, eagle3_layers, layer_names, padding_fraction, \
-    plan_batches, resolve_layers
+from draftgate.hidden.capture import capture, capture_rows, layer_names, padding_fraction, plan_batches
+from draftgate.target import eagle3_layers, resolve_layers
 from hidden_fixtures import token_rows
 
 

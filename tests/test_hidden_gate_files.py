@@ -46,7 +46,8 @@ def capture_features(rows: list[dict], layers: list[int] | None = None, perturb:
     `perturb`, from a copy whose every weight got seeded relative noise of that size."""
     import torch
 
-    from draftgate.hidden.capture import capture_rows, eagle3_layers
+    from draftgate.hidden.capture import capture_rows
+    from draftgate.target import eagle3_layers
 
     t = target()
     if perturb:
@@ -70,7 +71,8 @@ def write_hidden_dir(out: Path, rows: list[FeatureRow], tokens: Path, *, layers:
     import torch
     from safetensors.torch import save_file
 
-    from draftgate.hidden.capture import eagle3_layers, layer_names
+    from draftgate.hidden.capture import layer_names
+    from draftgate.target import eagle3_layers
 
     t = target()
     layers = layers or list(eagle3_layers(t.num_layers))

@@ -19,7 +19,7 @@ from pathlib import Path
 from dvc_deps import REPO, imported_modules, module_file
 
 FLOOR = ("config", "io", "schema", "metrics", "cache", "device", "tokenizers", "templates", "official",
-         "provider_rules")
+         "provider_rules", "prefill")
 SERVICES = ("client", "serve", "engine", "target")
 # The stage libraries in dvc.yaml's order, then exchange/ (the side stages export_data and
 # import_hidden, outside dvc.yaml: they read hidden's shards and drafter's vocabulary, so they sit

@@ -24,7 +24,7 @@ def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_training_l
 
 
 def test_a_layer_past_the_targets_count_is_refused_with_the_key_and_the_count():
-    from draftgate.hidden.capture import resolve_layers
+    from draftgate.target import resolve_layers
     from draftgate.target import TargetError, load_target
 
     hp = parse_params({"hidden": {"layers": [1, 14, 30], "device": "cpu"}}).hidden   # the params allow it ...

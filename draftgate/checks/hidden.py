@@ -152,7 +152,7 @@ def cached_target(hidden_params: Any, device: str) -> Any:
 
 
 def expected_layers(layers: Any, num_layers: int) -> list[int]:
-    from draftgate.hidden.capture import resolve_layers
+    from draftgate.target import resolve_layers
 
     try:
         return list(resolve_layers(layers, num_layers))

@@ -118,7 +118,7 @@ def import_specforge(ckpt_dir: Path, tokens_path: Path, out: Path, hp: Any,
     (--aux-hidden-states-layers, our convention), default `hidden.layers` (null: EAGLE-3's)."""
     import numpy as np
 
-    from draftgate.hidden.capture import resolve_layers
+    from draftgate.target import resolve_layers
     from draftgate.exchange.importer import assign_prompt_ids, target_identity, write_imported
     from draftgate.hidden.shards import TokenRows, read_token_rows
 

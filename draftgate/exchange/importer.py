@@ -168,7 +168,7 @@ def target_identity(hp: Any) -> Any:
 def our_layers(vllm_layers: Sequence[int] | None, hp: Any, num_layers: int) -> tuple[int, int, int]:
     """Our 0-based decoder-layer ids of the three aux slots. vLLM names the input of layer i, which
     is decoder layer i-1's output; the final slot (vLLM id N) is implied."""
-    from draftgate.hidden.capture import resolve_layers
+    from draftgate.target import resolve_layers
 
     if vllm_layers is None:
         return resolve_layers(hp.layers, num_layers)

@@ -14,26 +14,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
-def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's default auxiliary layers: [1, N//2 - 1, N - 4] (SmolLM2, N=30: [1, 14, 26])."""
-    if num_layers < 5:
-        raise ValueError(f"a target with {num_layers} layers is too shallow for EAGLE-3's [1, N//2-1, N-4]")
-    return (1, num_layers // 2 - 1, num_layers - 4)
-
-
-def resolve_layers(layers: Sequence[int] | None, num_layers: int) -> tuple[int, int, int]:
-    """`hidden.layers` checked against the target (null = the EAGLE-3 default)."""
-    if layers is None:
-        return eagle3_layers(num_layers)
-    out = tuple(int(i) for i in layers)
-    if len(out) != 3 or any(not 0 <= i < num_layers for i in out):
-        raise ValueError(f"hidden.layers {list(out)}: need 3 decoder-layer ids in [0, {num_layers - 1}] "
-                         f"(0-based; the target has {num_layers} layers); null takes [1, N//2-1, N-4]")
-    return out  # type: ignore[return-value]
-
-
 def layer_names(layers: Sequence[int], num_layers: int) -> dict[str, list[int]]:
     """The same three tensors in each convention (the manifest's `layers`)."""
+    from draftgate.target import resolve_layers
+
     ids = list(resolve_layers(layers, num_layers))
     return {
         "eagle3": ids,                              # 0-based decoder-layer outputs (SpecForge, ModelOpt)
@@ -51,31 +35,15 @@ def capture(target: Any, input_ids: Any, attention_mask: Any, layers: Sequence[i
     """
     import torch
 
+    from draftgate.target import capturing
+
     base = target.base
-    blocks = base.layers
-    n = len(blocks)
     param = next(base.parameters())
-    dtype = out_dtype or param.dtype
     ids = input_ids.to(param.device)
     mask = attention_mask.to(param.device)
     b, t = ids.shape
-    h = int(target.config.hidden_size)
-    aux = torch.empty((b, t, len(layers), h), dtype=dtype, device=param.device)
-    final = torch.empty((b, t, h), dtype=dtype, device=param.device)
-
-    def store(dest: Any) -> Any:
-        def hook(_module: Any, _args: Any, output: Any) -> None:
-            dest.copy_(output[0] if isinstance(output, tuple) else output)
-        return hook
-
-    handles = [blocks[i].register_forward_hook(store(aux[:, :, j])) for j, i in enumerate(layers)]
-    handles.append(blocks[n - 1].register_forward_hook(store(final)))
-    try:
-        with torch.inference_mode():
-            base(input_ids=ids, attention_mask=mask, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with capturing(base, layers, b, t, out_dtype or param.dtype) as (aux, final), torch.inference_mode():
+        base(input_ids=ids, attention_mask=mask, use_cache=False)
     return aux, final
 
 

@@ -2,7 +2,8 @@
 
 `run(params, HiddenRequest(...))` loads the target, proves it is the one the responses were
 generated with (check_served), plans the shards, resumes the finished ones, extracts this rank's
-share (extract.py), and on rank 0 merges and returns the metrics; stages/hidden.py checks the
+share (extract.py: rows whose ids equal the repair stage's prefill are copied from it, the others
+forwarded; docs/repair.md, "One prefill for two stages"), and on rank 0 merges and returns the metrics; stages/hidden.py checks the
 tokens gate's verdict before it and writes them. Under torchrun every rank calls it; a failure on
 any rank is broadcast, so none waits at a barrier for one that died (dist.py).
 """
@@ -27,6 +28,7 @@ class HiddenRequest:
     out: Path                         # the hidden-state directory
     responses: Path | None = None     # with `prompts`: prove the served weights (check_served)
     prompts: Path | None = None
+    prefill: Path | None = None       # the repair stage's base-pass features (draftgate/prefill.py)
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,15 @@ class Job:
     fields: dict                      # the manifest's fields besides rows and shards
     started: float
     engine: str | None = None         # backend vllm: the engine's distribution and version
+    prefill: Any = None               # prefill.Prefill the rows in `reuse` are copied from
+    reuse: frozenset = frozenset()    # table positions whose ids equal the prefill's row
+    prefill_note: str = ""            # why no row is reused, where none is
 
 
 def run(params: Any, request: HiddenRequest) -> Any:
     """The metrics (draftgate.metrics.StageMetrics) on rank 0, None on the other ranks."""
-    from draftgate.hidden.capture import layer_names, resolve_layers
+    from draftgate.hidden.capture import layer_names
+    from draftgate.target import resolve_layers
     from draftgate.hidden.shards import ITEMSIZE, read_token_rows
     from draftgate.target import check_served, describe_target, load_target
 
@@ -92,8 +98,38 @@ def run(params: Any, request: HiddenRequest) -> Any:
         key = {**{k: v for k, v in key.items() if k != "threads"}, "backend": "vllm", "engine": engine,
                "tensor_parallel": params.engine.tensor_parallel}
         fields = {**fields, "backend": "vllm", "engine": engine}
-    job = Job(request, params, w, rows, target, tuple(layers), served, key, fields, started, engine)
+    prefill, reuse, note = _reusable(request, hp, rows, target, layers, engine)
+    if reuse:     # the copied rows' last bits are the prefill's (its batching): a resumed shard must share them
+        key = {**key, "prefill_sha256": prefill.sha256}
+    job = Job(request, params, w, rows, target, tuple(layers), served, key, fields, started, engine,
+              prefill, reuse, note)
     return _online(job) if hp.mode == "online" else _offline(job)
+
+
+def _reusable(request: HiddenRequest, hp: Any, rows: Any, target: Any, layers: Any,
+              engine: str | None) -> tuple[Any, frozenset, str]:
+    """The prefill and the table positions whose ids equal its stored row (compared, never taken
+    from a flag), or none and why."""
+    import numpy as np
+
+    from draftgate.prefill import KEY_FIELDS, feature_key, open_prefill
+
+    if request.prefill is None:
+        return None, frozenset(), "no --prefill given"
+    if hp.mode != "offline":
+        return None, frozenset(), f"hidden.mode {hp.mode}: no features are stored"
+    if engine is not None:
+        return None, frozenset(), f"hidden.backend {hp.backend}: the engine extracts every row"
+    prefill, why = open_prefill(request.prefill)
+    if prefill is None:
+        return None, frozenset(), why
+    mine = feature_key(target, layers, hp.dtype)
+    differ = [k for k in KEY_FIELDS if prefill.key.get(k) != mine[k]]
+    if differ:
+        return None, frozenset(), f"its features differ from this stage's in {', '.join(differ)}"
+    reuse = frozenset(i for i, pid in enumerate(rows.prompt_ids)
+                      if pid in prefill.ids and np.array_equal(prefill.ids[pid], rows.input_ids[i]))
+    return prefill, reuse, "" if reuse else "no row of the table has the prefill's ids"
 
 
 def _served(request: HiddenRequest, params: Any, target: Any, check_served: Any) -> dict:
@@ -140,9 +176,12 @@ def _offline(job: Job) -> Any:
 
             figures = extract_with_engine(job, todo)
         else:
-            stats = extract(job.target, rows, todo, job.layers, hp.dtype, out, job.key)
+            stats = extract(job.target, rows, todo, job.layers, hp.dtype, out, job.key,
+                            prefill=job.prefill, reuse=job.reuse)
             figures = {"tokens": stats.tokens, "forward_s": stats.forward_s, "write_s": stats.write_s,
-                       "shards": stats.shards, "seconds": time.perf_counter() - extract_start}
+                       "shards": stats.shards, "seconds": time.perf_counter() - extract_start,
+                       "reused_rows": stats.reused_rows, "reused_tokens": stats.reused_tokens,
+                       "extracted_rows": stats.rows - stats.reused_rows}
     except Exception as e:
         ok, error = False, f"{type(e).__name__}: {e}"
     all_ok = dist.broadcast_ok(w, ok)
@@ -186,6 +225,11 @@ def _metrics(job: Job, manifest: dict, plans: list, resumed: Any, gathered: list
         "resumed_shards": len(resumed.trusted), "computed_shards": sum(g["shards"] for g in gathered if g),
         "removed_files": len(resumed.removed),
         "extracted_tokens": extracted,
+        # One prefill for two stages (docs/repair.md): rows copied from the repair stage's base
+        # pass this run, and rows forwarded here (repaired rows, rows the prefill lacks).
+        "prefill_rows": sum(g.get("reused_rows", 0) for g in gathered if g),
+        "prefill_tokens": sum(g.get("reused_tokens", 0) for g in gathered if g),
+        "extracted_rows": sum(g.get("extracted_rows", 0) for g in gathered if g),
         "world_size": w.size,
         "served_check_rows": served.get("checked", 0),
         "served_check": served.get("skipped", "the responses' request hashes name these weights"),
@@ -194,6 +238,8 @@ def _metrics(job: Job, manifest: dict, plans: list, resumed: Any, gathered: list
         "layers": manifest["layers"],
         "removed": resumed.removed[:20],
     })
+    if job.prefill_note:
+        m.figures["prefill_unused"] = job.prefill_note
     if extracted:   # a run that only resumed measured no throughput: no figure, rather than 0
         m.figures.update(tokens_per_s=round(extracted / max(wall, 1e-9), 1),
                          forward_tokens_per_s=round(extracted / max(forward, 1e-9), 1))

@@ -11,12 +11,18 @@ outcome in the repair_* columns (`schema()`: the tokens schema plus these). A re
 confidence is below repair.min_confidence is quarantined (`repair_low_confidence`): it stays in the
 table, out of hidden and train. A row whose search repair.row_candidates cut says so
 (`repair_capped`), whatever its outcome, and the metrics count them (`capped`).
+
+With a prefill (`Request.prefill`, the in-process target), the base pass also captures the hidden
+stage's features, and the rows whose search kept their ids are written to it batch by batch
+(draftgate/prefill.py; docs/repair.md, "One prefill for two stages").
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from draftgate.config import RepairParams
@@ -83,6 +89,8 @@ class Request:
     params: RepairParams
     truth: dict[str, list[int]] | None = None   # prompt id -> the backend's own ids: grading only
     progress: Any = None                         # called (rows done, rows, counts) now and then
+    prefill: Any = None                          # prefill.PrefillWriter: run() adds the kept rows, closes it
+    prefill_skipped: str | None = None           # why the base pass keeps no features (prefill_skipped())
 
 
 def target_length(billed: int | None, convention: str | None, ends_with_eos: bool) -> int | None:
@@ -123,9 +131,21 @@ def run(request: Request) -> Result:
                 target_length(row["billed_completion_tokens"], row["billing_convention"], bool(row["ends_with_eos"])))
 
     # One batched first pass for every searched row (the hidden stage's batching), then each
-    # row's search on its own slice of it; outcomes come back in row order.
-    outs = iter(search_rows([triple(r) for r in rows if searchable(r)], request.scorer, request.vocab, p)
-                if any(searchable(r) for r in rows) else ())
+    # row's search on its own slice of it; outcomes come back in row order. The rows a batch's
+    # search kept go to the prefill with the features of that same pass.
+    searched = [(r["prompt_id"], triple(r)) for r in rows if searchable(r)]
+    prefill_s = 0.0
+
+    def keep(batch: list[tuple[int, Any]]) -> None:
+        nonlocal prefill_s
+        start = time.perf_counter()
+        stored = [(searched[i], f) for i, f in batch if f is not None]
+        request.prefill.add([pid for (pid, _), _ in stored], [t[0] + t[1] for (_, t), _ in stored],
+                            [f for _, f in stored])
+        prefill_s += time.perf_counter() - start
+
+    outs = iter(search_rows([t for _, t in searched], request.scorer, request.vocab, p,
+                            prefill=keep if request.prefill is not None else None) if searched else ())
     for done, row in enumerate(rows):
         if request.progress is not None and done and done % 16 == 0:
             request.progress(done, len(rows), counts)
@@ -176,6 +196,7 @@ def run(request: Request) -> Result:
                 row["billing_delta"] = len(out.ids) - row["billed_completion_tokens"]
                 if row["billing_convention"] is not None:
                     row["billing_residual"] = len(out.ids) - row["repair_target_len"]
+    prefill = _prefill_figures(request, prefill_s)
     searched = counts["repaired"] + counts["kept"]
     graded = _graded(rows, request.truth) if request.truth is not None else {}
     m = StageMetrics("repair", rows_in=len(rows), rows_out=len(rows), params=as_dict(p),
@@ -204,9 +225,35 @@ def run(request: Request) -> Result:
         # Where the cost goes (docs/repair.md "Cost"): the first pass, window scoring, exact re-scoring.
         "phases": {name: {"forwards": f, "tokens": t, "seconds": round(sec, 3)}
                    for name, (f, t, sec) in sorted(phases.items())},
+        **prefill,
         **graded,
     })
     return Result(pa.Table.from_pylist(rows, schema=schema()), m)
+
+
+def _prefill_figures(request: Request, seconds: float) -> dict:
+    """Close the prefill (its manifest last) and say what it holds: the rows the hidden stage
+    need not forward again, or why there are none."""
+    if request.prefill is None:
+        return {"prefill_rows": 0, "prefill_skipped": request.prefill_skipped or "no prefill asked for"}
+    manifest = request.prefill.close()
+    out = {"prefill_rows": manifest["rows"], "prefill_tokens": manifest["tokens"],
+           "prefill_bytes": sum(s["bytes"] for s in manifest["shards"]), "prefill_write_s": round(seconds, 3)}
+    if manifest["skipped"]:
+        out["prefill_skipped"] = manifest["skipped"]
+    return out
+
+
+def prefill_skipped(params: Any) -> str | None:
+    """Why the base pass keeps no features for the hidden stage (None: it keeps them)."""
+    if params.repair.backend != "hf":
+        return (f"repair.backend {params.repair.backend}: an engine's prompt logprobs carry no hidden states "
+                "(docs/engines.md); the hidden stage extracts every row")
+    if params.hidden.backend != "in_process":
+        return f"hidden.backend {params.hidden.backend}: the engine extracts every row"
+    if params.hidden.mode != "offline":
+        return f"hidden.mode {params.hidden.mode}: no features are stored"
+    return None
 
 
 def _graded(rows: list[dict], truth: dict[str, list[int]]) -> dict:
@@ -229,26 +276,52 @@ def _graded(rows: list[dict], truth: dict[str, list[int]]) -> dict:
                       "capped_differing": capped, "capped_made_exact": capped_made}}
 
 
-def load_request(params: Any, tokens: Any, vocab: Any, truth: Any = None) -> Request:
+def load_request(params: Any, tokens: Any, vocab: Any, truth: Any = None, prefill: Any = None) -> Request:
     """The stage's inputs: the tokens table, the contract's vocabulary bytes, the scorer of
     params.repair (backend off: none is loaded). `truth` (responses.parquet) only grades: the
-    metrics count rows equal to the backend's own ids before and after."""
+    metrics count rows equal to the backend's own ids before and after. `prefill` (a directory):
+    the hidden stage's features of the rows the search keeps, where prefill_skipped() allows; an
+    empty prefill saying why where it does not."""
     import pyarrow.parquet as pq
+
+    from draftgate.prefill import write_skipped
 
     for path, stage in ((tokens, "reconstruct"), (vocab, "contract")):
         if not path.exists():
             raise RepairError(f"{path}: not found; run the {stage} stage first (dvc repro {stage})")
     table = pq.read_table(tokens)
     sampling = sampling_of(params.repair, params.generate)
+    skipped = prefill_skipped(params) if prefill is not None else "no prefill asked for"
+    writer = None
     try:
-        scorer = None if params.repair.backend == "off" else make_scorer(params.repair, sampling, params.hidden)
+        if skipped is None:
+            scorer, writer = _capturing_scorer(params, sampling, prefill)
+        else:
+            scorer = None if params.repair.backend == "off" else make_scorer(params.repair, sampling, params.hidden)
+            if prefill is not None:
+                write_skipped(prefill, skipped)
     except (ValueError, OSError) as e:        # TargetError, DeviceError, a missing base_url: each names its fix
         raise RepairError(str(e)) from None
     truth_ids = None
     if truth is not None:
         r = pq.read_table(truth, columns=["prompt_id", "truth_ids"]).to_pydict()
         truth_ids = {p: t for p, t in zip(r["prompt_id"], r["truth_ids"]) if t is not None}
-    return Request(table, scorer, Vocab.from_table(pq.read_table(vocab)), params.repair, truth_ids)
+    return Request(table, scorer, Vocab.from_table(pq.read_table(vocab)), params.repair, truth_ids,
+                   prefill=writer, prefill_skipped=skipped)
+
+
+def _capturing_scorer(params: Any, sampling: Sampling, directory: Any) -> tuple[Scorer, Any]:
+    """The in-process target whose base pass also captures hidden.layers in hidden.dtype, and the
+    prefill writer keyed by what those features are (the hidden stage compares its own key)."""
+    from draftgate.prefill import PrefillWriter, feature_key
+    from draftgate.repair.score import HFScorer
+    from draftgate.target import load_target, resolve_layers
+
+    hp = params.hidden
+    target = load_target(hp, params.repair.device, "repair.device")
+    layers = resolve_layers(hp.layers, target.num_layers)
+    scorer = HFScorer(target.model, sampling, params.repair.branch_tokens, capture=(layers, hp.dtype))
+    return scorer, PrefillWriter(Path(directory), feature_key(target, layers, hp.dtype))
 
 
 def sampling_of(params: RepairParams, generate: Any) -> Sampling:

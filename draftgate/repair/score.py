@@ -46,6 +46,7 @@ The in-process backend has the full distribution and needs none of this.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import urllib.request
@@ -94,6 +95,8 @@ class Scorer(Protocol):
 
     def score_rows(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]]) -> list[Scored]: ...
 
+    def features(self, ids: Sequence[int]) -> tuple[Any, Any] | None: ...
+
     def release(self) -> None: ...
 
 
@@ -132,11 +135,17 @@ class HFScorer:
     (a custom 4D mask, which transformers passes through unchanged: masking_utils, "If the mask is
     already 4D"); the cache is cropped back to the base afterwards (DynamicCache.crop). Llama-family
     heads (logits = lm_head(decoder output)); a head with soft-capping would need it applied here.
+
+    `capture` = (layers, dtype name): `score_rows` also keeps each row's EAGLE-3 features from the
+    same forward (draftgate/target.py `capturing`, the hidden stage's definition) until `release`,
+    for the hidden stage's prefill (`features`; docs/repair.md, "One prefill for two stages").
     """
 
-    def __init__(self, model: Any, sampling: Sampling, branch_tokens: int = 1024):
-        self.model, self.sampling, self.branch_tokens = model, sampling, branch_tokens
+    def __init__(self, model: Any, sampling: Sampling, branch_tokens: int = 1024,
+                 capture: tuple[Sequence[int], str] | None = None):
+        self.model, self.sampling, self.branch_tokens, self.capture = model, sampling, branch_tokens, capture
         self.counters = Counters()
+        self._features: dict[tuple[int, ...], tuple[Any, Any]] = {}      # score_rows' rows, with capture
         self._base: tuple[tuple[int, ...], Any, Any] | None = None   # ids, cache, hidden states
         self._pending: dict[tuple[int, ...], tuple[Any, int, Any]] = {}  # score_rows: ids -> batch cache, row, states
 
@@ -208,6 +217,8 @@ class HFScorer:
         import torch
         from transformers.cache_utils import DynamicCache
 
+        from draftgate.target import capturing
+
         rows = [(list(ids), start, ask) for ids, start, ask in rows]
         for ids, start, _ in rows:
             if not 1 <= start <= len(ids):
@@ -219,9 +230,16 @@ class HFScorer:
             x[k, :len(ids)] = torch.tensor(ids)
             mask[k, :len(ids)] = 1
         cache = DynamicCache(config=self.model.config)
+        decoder = self.model.get_decoder()
+        hooks = contextlib.nullcontext() if self.capture is None else \
+            capturing(decoder, self.capture[0], len(rows), width, getattr(torch, self.capture[1]))
+        with torch.inference_mode(), hooks as captured:
+            h = decoder(input_ids=x.to(self.device), attention_mask=mask.to(self.device),
+                        cache=cache, use_cache=True).last_hidden_state
+        self._features = {} if captured is None else \
+            {tuple(ids): (captured[0][k, :len(ids)].cpu(), captured[1][k, :len(ids)].cpu())
+             for k, (ids, _, _) in enumerate(rows)}
         with torch.inference_mode():
-            h = self.model.get_decoder()(input_ids=x.to(self.device), attention_mask=mask.to(self.device),
-                                         cache=cache, use_cache=True).last_hidden_state
             # The head over every row's completion positions at once.
             states = torch.cat([h[k, start - 1:len(ids) - 1] for k, (ids, start, _) in enumerate(rows)])
             targets = [t for ids, start, _ in rows for t in ids[start:]]
@@ -238,9 +256,13 @@ class HFScorer:
             self._pending[tuple(ids)] = (cache, k, h)
         return out
 
+    def features(self, ids: Sequence[int]) -> tuple[Any, Any] | None:
+        """(aux [T,3,H], final [T,H]) of a row of the last `score_rows` batch, on the CPU (with capture)."""
+        return self._features.get(tuple(ids))
+
     def release(self) -> None:
-        """Drop the batch's caches (score_rows) and the current base."""
-        self._pending, self._base = {}, None
+        """Drop the batch's caches and features (score_rows) and the current base."""
+        self._pending, self._base, self._features = {}, None, {}
 
     def _adopt(self, ids: Sequence[int]) -> None:
         """Make a row of the last score_rows batch the cached base (its slice of the batch cache)."""
@@ -430,6 +452,9 @@ class _HTTPScorer:
                 asked.append({i: t[i] for i in want})
             out.append(Scored(mine, asked))
         return out
+
+    def features(self, ids: Sequence[int]) -> None:
+        return None      # an engine's prompt logprobs carry no hidden states (docs/engines.md)
 
     def release(self) -> None:
         pass

@@ -48,7 +48,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from draftgate.config import RepairParams
 from draftgate.repair.score import Scored, Scorer
@@ -207,11 +207,14 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
 
 
 def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]], scorer: Scorer, vocab: Vocab,
-                params: RepairParams) -> Iterator[Outcome]:
+                params: RepairParams, prefill: Callable[[list[tuple[int, Any]]], None] | None = None
+                ) -> Iterator[Outcome]:
     """`search` over many rows (prompt, completion, target_len), the first pass of each batched
     the way the hidden stage batches its forward (`Scorer.score_rows`: rows sorted by length,
     about params.batch_tokens padded tokens per pass). Outcomes come in the rows' order; the base
-    pass's cost is spread over the batch's rows (phase `base`)."""
+    pass's cost is spread over the batch's rows (phase `base`). `prefill`, once per batch before
+    its caches are released: [(row index, the features the scorer captured in the base pass)] for
+    the batch's rows whose search left their ids as they were (the hidden stage's prefill)."""
     rows = list(rows)
     order = sorted(range(len(rows)), key=lambda i: (-(len(rows[i][0]) + len(rows[i][1])), i))
     done: dict[int, Outcome] = {}
@@ -233,6 +236,9 @@ def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]],
             out.forwards += share[0]
             out.tokens += share[1]
             done[i] = out
+        if prefill is not None:
+            prefill([(i, scorer.features(list(rows[i][0]) + list(rows[i][1]))) for i in chunk
+                     if done[i].status != "repaired"])
         scorer.release()
         while nxt in done:
             yield done.pop(nxt)
