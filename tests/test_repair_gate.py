@@ -29,7 +29,7 @@ def ids(smollm2_tok):
     return {"end": end, "hello": hello, "canon": canon, "truth": truth, "other": other, "piece": piece}
 
 
-def tables(ids, after_p1=None, after_p0=None, repaired=(), truth=True):
+def tables(ids, after_p1=None, after_p0=None, repaired=(), truth=True, capped=False):
     """p0 written canonically (exact), p1 re-split to the truth (or after_p1), and one more row per
     (ids after, confidence, high estimate) in `repaired`: canonical before, the truth returned."""
     import pyarrow as pa
@@ -39,13 +39,13 @@ def tables(ids, after_p1=None, after_p0=None, repaired=(), truth=True):
 
     prompt = [1, 2, 3]
 
-    def tok_row(pid, completion, method="text", text_ids=None, confidence=(0.9, 0.95)):
+    def tok_row(pid, completion, method="text", text_ids=None, confidence=(0.9, 0.95), capped=False):
         return {"prompt_id": pid, "dataset": "code", "split": "train", "input_ids": prompt + completion,
                 "prompt_len": len(prompt), "completion_ids": completion,
                 "loss_mask": [0] * len(prompt) + [1] * len(completion), "method": method,
                 "billing_convention": "counts_end", "provider": "local", "text_ids": text_ids,
                 "repair_status": "repaired" if method == "repaired" else "kept",
-                "repair_reason": None if method == "repaired" else "canonical", "repair_capped": False,
+                "repair_reason": None if method == "repaired" else "canonical", "repair_capped": capped,
                 "repair_confidence": confidence[0], "repair_confidence_hi": confidence[1]}
 
     extra = [(f"q{k}", after_q, conf) for k, (after_q, *conf) in enumerate(repaired)]
@@ -53,7 +53,7 @@ def tables(ids, after_p1=None, after_p0=None, repaired=(), truth=True):
     p1 = after_p1 or ids["truth"]
     after = [tok_row("p0", after_p0 or ids["hello"], "repaired" if after_p0 else "text"),
              tok_row("p1", p1, "repaired", ids["canon"])]
-    after += [tok_row(q, a, "repaired", ids["canon"], conf) for q, a, conf in extra]
+    after += [tok_row(q, a, "repaired", ids["canon"], conf, capped) for q, a, conf in extra]
     responses = [{"prompt_id": pid, "status": "ok", "truth_ids": t if truth else None, "billed_completion_tokens": len(t)}
                  for pid, t in [("p0", ids["hello"]), ("p1", ids["truth"])] + [(q, ids["truth"]) for q, _, _ in extra]]
     return (pa.Table.from_pylist(after, schema=repaired_schema()),
@@ -146,6 +146,9 @@ def test_repaired_rows_flipped_to_another_split_fall_outside_what_their_confiden
     assert code == 1 and "calibration_miss" in failed and "repaired_bytes_differ" not in failed
     assert figures["made_exact_observed"] == 1 < figures["made_exact_interval_low"]
     assert figures["precision_at_min_confidence"] == pytest.approx(1 / 9, abs=1e-4)
+    # The stage saying its search was cut on those rows is counted, and excuses nothing.
+    code, failed, record = run_gate(tmp_path, smollm2_tok, *tables(ids, repaired=flipped, capped=True), result=True)
+    assert code == 1 and "calibration_miss" in failed and record["computed"]["report"]["calibration"]["capped_rows"] == 8
 
 
 def test_honest_low_confidences_on_those_rows_pass_and_wild_ones_either_way_fail(tmp_path, smollm2_tok, ids):
