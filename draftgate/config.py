@@ -126,7 +126,7 @@ class PromptsParams:
     # model_max_length, else no length check (the metrics say so).
     context_tokens: Tokens | None = None
     # What the split hashes: the whole prompt (its id), or its normalised last user turn, so the
-    # same question under another system prompt or spacing lands on one side (prompts_contamination.py).
+    # same question under another system prompt or spacing lands on one side (prompts/contamination.py).
     split_by: Literal["prompt", "last_user"] = "prompt"
     # Estimated Jaccard similarity (MinHash LSH, character 5-grams of the conversation) at which a
     # heldout prompt counts as a near duplicate of a train prompt, in metrics/prompts.json.
