@@ -145,7 +145,14 @@ def offending_rows(loaded: Any, failed: dict[int, Any], n: int = SAMPLE) -> dict
                 found[i].append({c: short(_plain(row[c], c in ints)) for c in shown[i]})
         if all(len(v) >= n for v in found.values()):
             break
-    return {i: rows for i, rows in found.items() if rows and rows[0] is not None}
+    # Evidence a suite lists for several kinds of offending row (template: a text diff or an id diff)
+    # is null for the other kind: a column empty on every row shown is left out, never the keys.
+    out = {}
+    for i, rows in found.items():
+        if rows and rows[0] is not None:
+            empty = {c for c in shown[i][len(keys):] if c != picks[i] and all(r[c] is None for r in rows)}
+            out[i] = [{c: v for c, v in r.items() if c not in empty} for r in rows]
+    return out
 
 
 def _plain(v: Any, integer: bool = False) -> Any:

@@ -58,6 +58,8 @@ COLUMNS = (
 # grids are finer than anything the stage decides on (rescore_margin 1 nat, confidence_nats 4) or a
 # reader compares (calibration in tenths). docs/reproducibility.md says what a user sees.
 MARGIN_DECIMALS = 2          # nats
+# Kept in metrics/repair.details.json, out of the metric DVC prints: the histogram's ten bins.
+DETAILS_ONLY = ("confidence_tenths",)
 CONFIDENCE_DECIMALS = 3
 
 
@@ -200,7 +202,7 @@ def run(request: Request) -> Result:
     searched = counts["repaired"] + counts["kept"]
     graded = _graded(rows, request.truth) if request.truth is not None else {}
     m = StageMetrics("repair", rows_in=len(rows), rows_out=len(rows), params=as_dict(p),
-                     details_only=("confidence_tenths",))
+                     details_only=DETAILS_ONLY)
     m.figures.update({
         "searched": searched,
         "repaired": counts["repaired"], "kept": counts["kept"], "not_searched": counts["not_searched"],
