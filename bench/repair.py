@@ -15,7 +15,7 @@ the search's time per phase (base pass, window scoring, exact re-scoring) agains
 stage's forward over the same rows, measured in the same run (rows sorted by length, right-padded,
 ~batch_tokens padded tokens per pass). Misses are split by cause: a search miss (the sampled ids
 score higher than the choice) or the posterior preferring another split, each also counted among
-the rows whose search row_candidates cut (`Outcome.capped`). Generated rows are cached under
+the rows whose search search_tokens cut (`Outcome.capped`). Generated rows are cached under
 --cache, keyed by the arguments, the weights and the prompt files' bytes (--raw), so a rerun only
 searches and other prompt files make new rows.
 """
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "forwards_per_row": forwards / n, "tokens_scored_per_row": tokens / n,
         "row_tokens_per_row": sum(len(r["prompt"]) + len(r["canon"]) for r in rows) / n,
         # Proven per row: the sampled ids scored against the choice over the whole row (search_miss:
-        # the sampled split scores higher); *_capped: of those, rows whose search row_candidates cut.
+        # the sampled split scores higher); *_capped: of those, rows whose search search_tokens cut.
         "misses": {k: v for k, v in counts.items() if k.startswith(("search_miss", "posterior_prefers_other", "ambiguous"))},
         "capped_rows": counts["capped"],
         "phases": {ph: {"forwards_per_row": round(v[0] / n, 2), "tokens_per_row": round(v[1] / n, 1),

@@ -286,10 +286,13 @@ class RepairParams:
     # Search (search.py): every alternative inside the nucleus opens windows (no probability
     # threshold: a bill that asks for another length is met by the best window of that change,
     # however unlikely); branch and bound on each window's bound from the base pass decides which
-    # are scored, window_batch per tree-masked forward, at most row_candidates per row.
+    # are scored, round_tokens per tree-masked forward, at most search_tokens per row.
     window_tokens: Annotated[int, Range(ge=1, le=16)] = 4     # tokens of a candidate window
     window_candidates: Annotated[int, Range(ge=1, le=4096)] = 16          # windows per branch point (a whitespace run's cap)
-    row_candidates: Annotated[int, Range(ge=1, le=1 << 20)] = 512            # windows scored per row; past it: reason `budget`
+    # Windows are scored as a trie of branch tokens (one forwarded token per distinct prefix, shared
+    # by every window through it): search_tokens per row, past it the row is capped (`budget` where
+    # nothing reached the bill); round_tokens per branch-and-bound round (one tree-masked forward).
+    search_tokens: Annotated[int, Range(ge=1, le=1 << 20)] = 1024
     rejoin_tokens: Annotated[int, Range(ge=0, le=8)] = 1       # canonical tokens scored after a window
     max_length_delta: Annotated[int, Range(ge=1, le=64)] = 8  # |billed - canonical| searched
     # A choice whose log-likelihood beats the runner-up (or an admissible canonical encoding) by
@@ -299,11 +302,11 @@ class RepairParams:
     # Exact re-scoring: the best two, and up to `beam` solutions in all whose local score is
     # within rescore_margin nats of the best (near-ties: local deltas cannot order them).
     beam: Annotated[int, Range(ge=2, le=64)] = 4
-    rescore_margin: Annotated[float, Range(ge=0.0, le=100.0)] = 1.0
+    rescore_margin: Annotated[float, Range(ge=0.0, le=20.0)] = 1.0      # both below search.PRUNE_NATS
     # repair_confidence: windows that could sit in a split within this many nats of the best are
     # scored after the decision (0: none; the confidence then counts every unscored window at its
     # bound and errs far low: demo mean 0.90 against 1.00 exact; at 4, 0.98, for 4% more tokens).
-    confidence_nats: Annotated[float, Range(ge=0.0, le=100.0)] = 4.0
+    confidence_nats: Annotated[float, Range(ge=0.0, le=20.0)] = 4.0
     # A repaired row whose repair_confidence is below this is quarantined (repair_low_confidence):
     # hidden and train then see only splits the target is sure of (T 1.0 code: >= 0.8 kept 37% of
     # the differing rows, 96% of them exact). 0: every repaired row is kept.
@@ -311,7 +314,7 @@ class RepairParams:
     # Passes: each re-searches around the previous choice (edits that pay only together).
     passes: Annotated[int, Range(ge=1, le=8)] = 3
     branch_tokens: Tokens = 1024            # HF: branch tokens per tree-masked forward
-    window_batch: Annotated[int, Range(ge=1, le=4096)] = 16     # windows per branch-and-bound round
+    round_tokens: Annotated[int, Range(ge=1, le=4096)] = 16
     batch_tokens: Tokens = 8192             # HF: padded tokens per batched base pass (as hidden's)
 
 

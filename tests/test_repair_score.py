@@ -62,6 +62,36 @@ def test_branches_on_the_cached_prefix_score_exactly_like_full_forwards(lm, ids)
         assert all((a == b == -math.inf) or abs(a - b) < 1e-4 for a, b in zip(lps, plain))
 
 
+def test_trie_nodes_score_like_full_forwards_and_a_shared_prefix_is_forwarded_once(lm, ids):
+    sampling = Sampling(0.7, top_p=0.95)
+    scorer = HFScorer(lm.model, sampling)
+    scorer.score(ids, 1)
+    # Two windows through the node (4, [ids[4]]), one of them a level deeper, and another branch.
+    nodes = [(4, [ids[4]], [ids[5], 300]), (4, [ids[4], ids[5]], [ids[6]]), (6, [300, 301], [ids[8], 5])]
+    got = scorer.score_nodes(ids, nodes)
+    assert scorer.counters.tokens == len(ids) + 4            # 4 distinct prefixes, each forwarded once
+    deeper = scorer.score_nodes(ids, [(4, [ids[4], ids[5], ids[6]], [ids[7]])])
+    assert scorer.counters.tokens == len(ids) + 5            # its ancestors stayed in the cache
+    for (at, path, ask), lps in zip(nodes + [(4, [ids[4], ids[5], ids[6]], [ids[7]])], got + deeper):
+        for a, v in zip(ask, lps):
+            plain = HFScorer(lm.model, sampling).score(ids[:at] + list(path) + [a], at + len(path)).logprobs[-1]
+            assert (v == plain == -math.inf) or abs(v - plain) < 1e-4
+    # Other uses of the cache drop the trie first: a branch and a new base still score exactly.
+    branch = scorer.score_branches(ids, [(4, [ids[4], 300])])[0]
+    plain = HFScorer(lm.model, sampling).score(ids[:4] + [ids[4], 300], 4).logprobs
+    assert max(abs(a - b) for a, b in zip(branch, plain) if a > -math.inf) < 1e-4
+
+
+def test_an_engine_scores_a_trie_node_with_one_request_for_all_its_asked_tokens(lm, ids):
+    sampling = Sampling(1.0)
+    with loopback(local_route(lm)) as url:
+        scorer = VllmScorer(url, lm.name, sampling)
+        got = scorer.score_nodes(ids, [(4, [ids[4], ids[5]], [ids[6], ids[7]]), (5, [300], [])])
+    assert scorer.counters.forwards == 1 and got[1] == []
+    exact = HFScorer(lm.model, sampling).score_nodes(ids, [(4, [ids[4], ids[5]], [ids[6], ids[7]])])[0]
+    assert got[0] == pytest.approx(exact, abs=0.05)
+
+
 def test_a_base_that_shares_a_prefix_with_the_last_is_scored_from_where_they_differ(lm, ids):
     sampling = Sampling(1.0)
     scorer = HFScorer(lm.model, sampling)

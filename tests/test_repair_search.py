@@ -198,16 +198,16 @@ def test_a_bill_no_tokenization_can_reach_keeps_the_row_with_a_reason(lm, vocab)
     out = repaired(lm, vocab, prompt, canon, len(canon) + 40)
     assert out.status == "kept" and out.reason == "no_candidate" and out.ids == canon
     # +8 needs three windows at least (one changes the length by window_tokens - 1 = 3 at most);
-    # a cap of one scored window leaves the bill out of reach: `budget`, not `no_candidate`.
-    capped = repaired(lm, vocab, prompt, canon, len(canon) + 8, row_candidates=1)
-    assert capped.status == "kept" and capped.reason == "budget" and capped.candidates == 1
+    # a cap of one scored branch token leaves the bill out of reach: `budget`, not `no_candidate`.
+    capped = repaired(lm, vocab, prompt, canon, len(canon) + 8, search_tokens=1)
+    assert capped.status == "kept" and capped.reason == "budget" and capped.capped and capped.nodes == 1
 
 
 def test_a_search_cut_by_the_window_cap_says_so_and_its_low_confidence_still_errs_low(lm, vocab):
-    prompt, canon, truth = row(lm, vocab, TRANSPOSE)
+    prompt, canon, truth = row(lm, vocab, SQL, end=True)
     full = repaired(lm, vocab, prompt, canon, len(truth))
-    cut = repaired(lm, vocab, prompt, canon, len(truth), row_candidates=4)
-    assert not full.capped and full.candidates > 4 * full.passes      # the cap binds below the search's need
+    cut = repaired(lm, vocab, prompt, canon, len(truth), search_tokens=4)
+    assert not full.capped and full.nodes > 4 * full.passes      # the cap binds below the search's need
     assert cut.capped and cut.ids == full.ids == truth and cut.reason is None
     # The windows the cap left unscored count at their bound (above their value): the same choice's
     # low estimate is lower than the full search's, never higher (dropped, they raised it above it).
@@ -297,6 +297,6 @@ def test_a_long_whitespace_run_stays_within_the_caps(lm, vocab):
 
     prompt, _, _ = row(lm, vocab, TRANSPOSE)
     canon = smollm2_tokenizer().encode_ordinary("def f(x):\n" + " " * 48 + "return x")
-    params = dict(window_candidates=4, row_candidates=64)
+    params = dict(window_candidates=4, search_tokens=64)
     out = repaired(lm, vocab, prompt, canon, len(canon) + 6, **params)
-    assert out.candidates <= 64 * RepairParams().passes
+    assert out.nodes <= 64 * RepairParams().passes

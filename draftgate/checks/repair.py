@@ -23,7 +23,7 @@ the share exact among those rows with confidence >= it, with a Wilson 95% interv
 coverage, the share of the differing rows (text ids not the truth, same bytes) that it keeps
 repaired; the confidences in tenths (rows, mean, made exact where graded); `expected_made_exact`
 (the sum of the low estimates over every repaired row), which a text-only run has without truth;
-and the rows whose search the stage says row_candidates cut (`repair_capped`): only the stage can
+and the rows whose search the stage says search_tokens cut (`repair_capped`): only the stage can
 know that, so it is reported and never makes a check pass.
 
 `compute(inputs, params_path)` (handed to the engine by stages/gate_repair.py) returns the one-row

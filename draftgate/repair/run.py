@@ -9,7 +9,7 @@ rows pass through unchanged. A repaired row gets method `repaired`, its new comp
 the tokens gate's mismatch recount and gate_repair read both. Every searched row records its
 outcome in the repair_* columns (`schema()`: the tokens schema plus these). A repaired row whose
 confidence is below repair.min_confidence is quarantined (`repair_low_confidence`): it stays in the
-table, out of hidden and train. A row whose search repair.row_candidates cut says so
+table, out of hidden and train. A row whose search repair.search_tokens cut says so
 (`repair_capped`), whatever its outcome, and the metrics count them (`capped`).
 
 With a prefill (`Request.prefill`, the in-process target), the base pass also captures the hidden
@@ -33,7 +33,7 @@ COLUMNS = (
     # name, arrow type name, meaning
     ("repair_status", "string", "repaired | kept (searched) | null (not searched: not the text method, or quarantined)"),
     ("repair_reason", "string", "kept: canonical | ambiguous | no_candidate | budget"),
-    ("repair_capped", "bool_", "the search was cut by repair.row_candidates: windows that could have entered the "
+    ("repair_capped", "bool_", "the search was cut by repair.search_tokens: windows that could have entered the "
                                "contenders went unscored (the choice may be a search miss; confidence counts them at their bound)"),
     ("repair_no_bill", "bool_", "searched without a length constraint (no billed count or convention)"),
     ("repair_target_len", "int32", "the completion length the bill asks for under the convention"),
@@ -208,7 +208,7 @@ def run(request: Request) -> Result:
         "repaired": counts["repaired"], "kept": counts["kept"], "not_searched": counts["not_searched"],
         "kept_by_reason": {k[7:]: v for k, v in sorted(counts.items()) if k.startswith("reason_") and v},
         "no_bill": counts["no_bill"],
-        # Rows whose search row_candidates cut (repair_capped): never silent, whatever the outcome.
+        # Rows whose search search_tokens cut (repair_capped): never silent, whatever the outcome.
         "capped": counts["capped_repaired"] + counts["capped_kept"],
         "capped_repaired": counts["capped_repaired"],
         "quarantined_low_confidence": counts["low_confidence"],

@@ -11,6 +11,10 @@ A backend answers two questions (`Scorer`):
   precedes it, and of the `ask[k]` ids at position start + k (the alternatives the search may
   branch into), from one pass;
 - `score_branches(base, branches)`: for each (at, ids), the same for ids continuing base[:at].
+- `score_nodes(base, nodes)`: for each (at, path, ask), the tempered log-probabilities of the ask
+  ids as the token after base[:at] + path: one node of the search's trie of windows, scored once
+  for every window that runs through it. The HF target keeps each path's KV in the cache while the
+  base stands, so a node costs one forwarded token however many windows share it.
   Branches share the base's prefix, so a backend scores that prefix once: the HF target keeps the
   base's KV cache and scores every branch in one forward with a tree mask; an engine reuses its
   prefix cache (SGLang's radix cache; vLLM skips its prefix cache for requests that ask for
@@ -93,6 +97,9 @@ class Scorer(Protocol):
 
     def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]: ...
 
+    def score_nodes(self, base: Sequence[int], nodes: Sequence[tuple[int, Sequence[int], Sequence[int]]]
+                    ) -> list[list[float]]: ...
+
     def score_rows(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]]) -> list[Scored]: ...
 
     def features(self, ids: Sequence[int]) -> tuple[Any, Any] | None: ...
@@ -148,6 +155,9 @@ class HFScorer:
         self._features: dict[tuple[int, ...], tuple[Any, Any]] = {}      # score_rows' rows, with capture
         self._base: tuple[tuple[int, ...], Any, Any] | None = None   # ids, cache, hidden states
         self._pending: dict[tuple[int, ...], tuple[Any, int, Any]] = {}  # score_rows: ids -> batch cache, row, states
+        # score_nodes' trie on the current base: (at, path) -> (its column in the base's cache, its
+        # state). The columns sit after the base's own; any other use of the cache drops them first.
+        self._tree: dict[tuple[int, tuple[int, ...]], tuple[int, Any]] = {}
 
     @property
     def device(self) -> Any:
@@ -184,6 +194,7 @@ class HFScorer:
         if not 1 <= start <= len(ids):
             raise ScoreError(f"start {start} must be in 1..{len(ids)} (the first token has no context)")
         self._adopt(ids)
+        self._drop_tree()
         common = 0
         if self._base is not None:
             old = self._base[0]
@@ -262,7 +273,14 @@ class HFScorer:
 
     def release(self) -> None:
         """Drop the batch's caches and features (score_rows) and the current base."""
-        self._pending, self._base, self._features = {}, None, {}
+        self._pending, self._base, self._features, self._tree = {}, None, {}, {}
+
+    def _drop_tree(self) -> None:
+        """Cut score_nodes' columns off the base's cache, so it holds the base alone again."""
+        if self._tree and self._base is not None:
+            cache = self._base[1]
+            cache.crop(len(self._base[0]) - cache.get_seq_length())    # crop takes minus the tokens to drop
+        self._tree = {}
 
     def _adopt(self, ids: Sequence[int]) -> None:
         """Make a row of the last score_rows batch the cached base (its slice of the batch cache)."""
@@ -271,6 +289,7 @@ class HFScorer:
         key = tuple(ids)
         if key not in self._pending or (self._base is not None and self._base[0] == key):
             return
+        self._drop_tree()
         batch_cache, k, h = self._pending.pop(key)
         n = len(key)
         cache = DynamicCache(config=self.model.config)
@@ -280,9 +299,8 @@ class HFScorer:
 
     def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
         base = list(base)
-        self._adopt(base)
-        if self._base is None or self._base[0] != tuple(base):
-            self.score(base, len(base))
+        self._on_base(base)
+        self._drop_tree()
         out: list[list[float]] = []
         group: list[tuple[int, Sequence[int]]] = []
         size = 0
@@ -297,6 +315,74 @@ class HFScorer:
         if group:
             out += self._branch_forward(group)
         return out
+
+    def _on_base(self, base: list[int]) -> None:
+        self._adopt(base)
+        if self._base is None or self._base[0] != tuple(base):
+            self.score(base, len(base))
+
+    def score_nodes(self, base: Sequence[int], nodes: Sequence[tuple[int, Sequence[int], Sequence[int]]]
+                    ) -> list[list[float]]:
+        """Per (at, path, ask): the tempered log-probabilities of the ask ids after base[:at] + path.
+
+        Every path's tokens stay in the cache, after the base's, until the base changes: a node
+        whose parent was scored before costs ONE forwarded token (attending to base[:at] and its
+        ancestors' columns, a tree mask), and the windows that share a node share that token. So
+        the search pays per distinct branch prefix, not per window (docs/repair.md, "Windows")."""
+        import torch
+
+        base = list(base)
+        self._on_base(base)
+        new: list[tuple[int, tuple[int, ...]]] = []
+        seen = set()
+        for at, path, _ in nodes:
+            if not 1 <= at <= len(base) or not path:
+                raise ScoreError(f"node at {at} with {len(path)} ids: needs 1 <= at <= {len(base)} and a path")
+            for j in range(1, len(path) + 1):
+                key = (at, tuple(path[:j]))
+                if key not in self._tree and key not in seen:
+                    seen.add(key)
+                    new.append(key)          # ancestors first: a prefix is met before its extensions
+        for k in range(0, len(new), self.branch_tokens):
+            self._grow(new[k:k + self.branch_tokens])
+        states = torch.stack([self._tree[(at, tuple(path))][1] for at, path, _ in nodes]) if nodes else None
+        out: list[list[float]] = []
+        if states is None:
+            return out
+        head = self.model.get_output_embeddings()
+        with torch.inference_mode():
+            for a in range(0, len(nodes), HEAD_ROWS):
+                lp = tempered_logprobs(head(states[a:a + HEAD_ROWS]), self.sampling)
+                out += [lp[r, list(ask)].tolist() if ask else [] for r, (_, _, ask) in enumerate(nodes[a:a + HEAD_ROWS])]
+        return out
+
+    def _grow(self, keys: Sequence[tuple[int, tuple[int, ...]]]) -> None:
+        """Forward each key's last token (its ancestors are in the tree or earlier in keys) and keep it."""
+        import torch
+
+        _, cache, _ = self._base
+        width = cache.get_seq_length()
+        m = len(keys)
+        local = {key: width + o for o, key in enumerate(keys)}
+        allow = torch.zeros((m, width + m), dtype=torch.bool)
+        for o, (at, path) in enumerate(keys):
+            allow[o, :at] = True
+            for j in range(1, len(path)):
+                anc = (at, path[:j])
+                allow[o, self._tree[anc][0] if anc in self._tree else local[anc]] = True
+            allow[o, width + o] = True
+        dev, dtype = self.device, next(self.model.parameters()).dtype
+        mask = torch.zeros((1, 1, m, width + m), dtype=dtype)
+        mask.masked_fill_(~allow[None, None], torch.finfo(dtype).min)
+        x = torch.tensor([[path[-1] for _, path in keys]], dtype=torch.long, device=dev)
+        pos = torch.tensor([[at + len(path) - 1 for at, path in keys]], device=dev)
+        with torch.inference_mode():
+            h = self.model.get_decoder()(input_ids=x, attention_mask=mask.to(dev), position_ids=pos,
+                                         cache=cache, use_cache=True).last_hidden_state[0]
+        for o, key in enumerate(keys):
+            self._tree[key] = (width + o, h[o])
+        self.counters.forwards += 1
+        self.counters.tokens += m
 
     def _branch_forward(self, group: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
         """One tree-masked pass over every branch's tokens but its last: token 0 of a branch is
@@ -463,6 +549,22 @@ class _HTTPScorer:
         base = list(base)
         asks = [(base[:at] + list(ids), at) for at, ids in branches]
         return [[temper(r, self.sampling)[r.token] for r in raws] for raws in self._checked_many(asks)]
+
+    def score_nodes(self, base: Sequence[int], nodes: Sequence[tuple[int, Sequence[int], Sequence[int]]]
+                    ) -> list[list[float]]:
+        """One request per node: base[:at] + path + its first asked id, the last position's answer
+        tempered for every asked id (an id below the engine's top k: -inf, as in `score`)."""
+        base = list(base)
+        asks = [(base[:at] + list(path) + [ask[0]], at + len(path)) for at, path, ask in nodes if ask]
+        answers = iter(self._checked_many(asks))
+        out = []
+        for _, _, ask in nodes:
+            if not ask:
+                out.append([])
+                continue
+            t = temper(next(answers)[-1], self.sampling, list(ask))
+            out.append([t[i] for i in ask])
+        return out
 
     def _checked_many(self, asks: Sequence[tuple[list[int], int]]) -> list[list[RawPosition]]:
         """`_checked` for each (ids, start), the requests in flight together; answers in order."""

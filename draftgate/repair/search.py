@@ -15,16 +15,22 @@ token other than C's at a boundary. So:
    window_tokens tokens until a canonical boundary is reached (depth first, longest token first;
    window_candidates per branch, so a whitespace run cannot explode it). A window's DELTA is its
    log-likelihood, with rejoin_tokens canonical tokens after it, minus the canonical tokens' over
-   the same span; its first token's log-probability minus the canonical span's bounds it.
+   the same span. The windows form a TRIE of branch tokens: windows that start alike share their
+   prefix, and a node (a prefix) is scored once for all of them (`Scorer.score_nodes`: one
+   forwarded token on the cached prefix, which yields the next token's log-probability for every
+   window through it). What is known of a window bounds its delta: the log-probabilities of the
+   branch tokens scored so far minus the canonical span's (the rest is <= 0); after its first
+   token only (from the base pass) that is the bound, and it tightens a token per node scored.
 3. A dynamic programme over positions picks disjoint windows whose length changes sum to the bill
    (billed count under the provider's convention minus len(C)) with the largest total delta,
-   keeping the `beam` best; branch and bound scores (`Scorer.score_branches`, on the cached prefix)
-   only the windows that, by their bounds, could enter the contenders: the best two, and the
-   others within rescore_margin nats of the best (`_pass`, `_contenders`); a round's spare slots
-   go to the windows of highest max-marginal (the best split at the length that holds them), so
-   row_candidates is spent best first. Without a usable bill the length is free (flag `no_bill`).
-   Where row_candidates runs out first, the choice is made among the scored windows and the row
-   says so (`Outcome.capped`).
+   keeping the `beam` best; branch and bound scores only the nodes of windows that, by their
+   bounds, could win or be re-ranked against the winner: the leader and the splits within
+   max(rescore_margin, ambiguous_margin) of it (`_pass`); a leading base stands unscored. A
+   round's spare nodes go to the windows of highest max-marginal (the best split at the length
+   that holds them), so search_tokens is spent best first; windows whose max-marginal falls far
+   below a split known exactly leave the rounds (PRUNE_SLACK). Without a usable bill the length
+   is free (flag `no_bill`). Where search_tokens runs out first, the choice is made among the
+   scored windows and the row says so (`Outcome.capped`).
 4. The contenders are re-scored exactly: their ids from the first edit on, against the cached
    prefix, so the margins are full-sequence log-likelihood differences, not the sum of local
    deltas (windows interact when close). The winner's re-score is the next pass's base.
@@ -38,13 +44,14 @@ bytes by construction; `decodes_to` proves it again for the chosen ids.
 Outcome per row (`Outcome`): `repaired` with the chosen ids, or `kept` with a reason:
 `canonical` (the canonical encoding is the best at that length), `ambiguous` (the canonical
 encoding is admissible and the best is within ambiguous_margin nats of the runner-up or of it),
-`no_candidate` (nothing reaches the billed length), `budget` (the same, with candidates cut by
-row_candidates).
+`no_candidate` (nothing reaches the billed length), `budget` (the same, with the search cut by
+search_tokens).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -54,6 +61,10 @@ from draftgate.config import RepairParams
 from draftgate.repair.score import Scored, Scorer
 
 FLOOR = -1.0e4   # an impossible token (-inf) counts this much in sums, so deltas stay finite
+# A window whose best split (on bounds) is further below a split known exactly than the larger of
+# rescore_margin and confidence_nats plus this leaves the search's rounds: it can be neither a
+# contender nor scored for the confidence; the confidence's mass still counts it at its bound.
+PRUNE_SLACK = 4.0
 
 
 class Vocab:
@@ -102,7 +113,7 @@ class Window:
     ids: tuple[int, ...]
     delta: float = 0.0         # log-likelihood change against the canonical tokens (local)
 
-    @property
+    @functools.cached_property
     def length_change(self) -> int:
         return len(self.ids) - (self.end - self.start)
 
@@ -118,15 +129,16 @@ class Outcome:
     margin_canonical: float | None         # nats: chosen minus the canonical encoding
     confidence: float | None               # the choice's posterior among the splits at the length
     confidence_hi: float | None            # the same over the scored windows only (errs high)
-    candidates: int                        # windows scored
+    candidates: int                        # windows whose delta was scored
     forwards: int
     tokens: int
     edits: list[Window] = field(default_factory=list)
     passes: int = 0
-    # A pass spent row_candidates windows while windows that could enter its contenders were still
+    # A pass spent search_tokens nodes while windows that could enter its contenders were still
     # unscored: the choice was made among the scored ones (it may be a search miss), and the
     # confidence's low estimate counts the unscored at their bound (so it still errs low).
     capped: bool = False
+    nodes: int = 0                         # trie nodes scored (one forwarded branch token each)
     # phase -> [forwards, tokens, seconds]: base (the first pass over prompt + canonical ids),
     # windows (scoring candidate windows), rescore (exact scores of the contenders, later bases).
     phases: dict[str, list[float]] = field(default_factory=dict)
@@ -168,8 +180,9 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
             base = scorer.score(prompt + canon, len(prompt), alternatives(canon, vocab))
     total_canon = ll = None
     for k in range(params.passes):
-        r = _pass(prompt, ids, base, target_len, scorer, vocab, params, known, clock)
+        r = _pass(prompt, ids, base, target_len, scorer, vocab, params, known, clock, k)
         out.candidates += r.candidates
+        out.nodes += r.nodes
         out.passes = k + 1
         out.capped = out.capped or r.truncated
         if total_canon is None:
@@ -181,6 +194,9 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
             break                       # no admissible alternative to the base: it stands
         ll = r.ranked[0][0]
         out.margin_runner_up = ll - r.ranked[1][0] if len(r.ranked) > 1 else None
+        if r.reach is not None:
+            # Splits further back than r.reach were pruned: a runner-up past it reads as r.reach.
+            out.margin_runner_up = min(r.reach, out.margin_runner_up if out.margin_runner_up is not None else math.inf)
         # The winner's share of the mass of every split at the length, from this pass's lattice.
         out.confidence = min(1.0, math.exp(ll - r.base_total - r.log_mass))
         out.confidence_hi = min(1.0, math.exp(ll - r.base_total - r.log_mass_scored))
@@ -288,34 +304,42 @@ class _Pass:
     next_ids: list[int] | None = None                  # the winner, where it is not the base
     next_base: Scored | None = None                    # its scores (the exact re-score of the winner)
     carry: dict = field(default_factory=dict)          # window deltas still valid on the winner
+    reach: float | None = None                         # windows were pruned this far back (nats)
+    nodes: int = 0                                     # trie nodes scored
 
 
 def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int | None, scorer: Scorer,
-          vocab: Vocab, params: RepairParams, known: dict, clock: _Clock) -> _Pass:
+          vocab: Vocab, params: RepairParams, known: dict, clock: _Clock, k: int = 0) -> _Pass:
     """One pass around `canon` (the base: the canonical ids, or the previous pass's choice) whose
     scores are `scored`.
 
     Every alternative opens windows (no probability threshold: with a bill that asks for another
     length, the best window of that length change wins however unlikely it is next to the base).
-    Each window has an UPPER BOUND on its delta from the base pass alone: its first token's
-    log-probability minus the base's over the span and the re-join (the rest is <= 0). The search
-    is branch and bound over those: the dynamic programme runs on exact deltas where scored and
-    bounds elsewhere; the unscored windows in its contenders (the best one, where that is the base)
-    are scored, with the next by max-marginal, in one tree-masked forward; until the contenders are
-    exact. So only windows that could enter the contenders are scored: on exact rows, the few whose
-    bound beats the base. (Filling the rounds by max-marginal rather than bare bound halved the
-    windows scored on tests/test_repair_search.py's four rows, 82/208/48/112 -> 34/48/16/32, for
-    the same choices.) Where row_candidates runs out first, the pass is `truncated`."""
+    Each window has an UPPER BOUND on its delta: the log-probabilities of its branch tokens known so
+    far (the first from the base pass, one more per trie node scored) minus the base's over the
+    span and the re-join (the rest is <= 0). The search is branch and bound over those: the dynamic
+    programme runs on exact deltas where known and bounds elsewhere; the nodes left on the paths of
+    the windows that could win (the leader's, and those of splits within `decide` of it) are scored,
+    with the next nodes of the windows of highest max-marginal, in one tree-masked forward; until
+    the leader is the base or exact. So only windows that could win are scored: on exact rows, the
+    few whose bound beats the base. (Filling the rounds by max-marginal rather than bare bound
+    halved the windows scored on tests/test_repair_search.py's four rows for the same choices.)
+    Where search_tokens runs out first, the pass is `truncated`. `k`: the pass's number."""
     base = prompt + canon
     p0 = len(prompt)
     lp = [max(v, FLOOR) for v in scored.logprobs]
     la = params.rejoin_tokens
     want = None if target_len is None else target_len - len(canon)
 
-    # Every window, with its bound; windows a previous pass scored (before its first edit) keep
-    # their exact delta.
+    # Every window, as a path in a trie of branch tokens (its ids, then the re-join tokens), with
+    # what is known of its delta: its first token's log-probability from the base pass, then one
+    # more token per trie node scored; the rest is <= 0, so `part - ref` bounds the delta until
+    # the last node is in, and is the delta after. Windows a previous pass scored (before its
+    # first edit) keep their exact delta.
     windows: list[Window] = []
-    bound: list[float] = []
+    branch: list[tuple[int, ...]] = []
+    part: list[float] = []                    # log-probability of the branch tokens known so far
+    ref: list[float] = []                     # the base's over the same span
     for s, e in spans(canon, vocab):
         text = vocab.bytes_of(canon[s:e])
         offs, o = {}, 0
@@ -324,47 +348,124 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             o += len(vocab.pieces[canon[t]])
         offs[o] = e
         inv = {v: k for k, v in offs.items()}
+        memo: dict[int, list[int]] = {}
         for t in range(s, e):
             for a, v in scored.asked[t].items():
                 if v == -math.inf:
                     continue                          # outside the nucleus: the sampler could not
-                for w in _windows(text, offs, inv[t] + len(vocab.pieces[a]), [a], vocab, params):
+                for w in _windows(text, offs, inv[t] + len(vocab.pieces[a]), [a], vocab, params, memo):
                     end = offs[inv[t] + sum(len(vocab.pieces[i]) for i in w)]
                     windows.append(Window(t, end, tuple(w)))
-                    bound.append(v - sum(lp[t:min(len(canon), end + la)]))
+                    branch.append(tuple(w) + tuple(canon[end:end + la]))
+                    part.append(v)
+                    ref.append(sum(lp[t:min(len(canon), end + la)]))
+    depth = [1] * len(windows)                 # branch tokens known
     value: dict[int, float] = {}              # index -> exact local delta; -inf: impossible
+    waiting: dict[tuple[int, tuple[int, ...]], list[int]] = {}     # trie node -> windows at it
+    children: dict[tuple[int, tuple[int, ...]], set[int]] = {}     # trie node -> next tokens asked
     for k, w in enumerate(windows):
         d = known.get((w.start, w.end, w.ids))
         if d is not None:
             value[k] = d
+        elif len(branch[k]) == 1:
+            value[k] = part[k] - ref[k]       # a one-token window at the row's end: nothing follows
+        else:
+            waiting.setdefault((w.start, branch[k][:1]), []).append(k)
+        for j in range(1, len(branch[k])):
+            children.setdefault((w.start, branch[k][:j]), set()).add(branch[k][j])
     truncated = False
-    candidates = 0
+    candidates = 0                            # windows whose delta was scored here
+    spent = 0                                 # trie nodes scored (one forwarded token each)
 
-    def score(batch: list[int]) -> None:
-        nonlocal candidates
-        requests = [(p0 + windows[k].start, list(windows[k].ids) + canon[windows[k].end:windows[k].end + la])
-                    for k in batch]
+    def node_of(k: int) -> tuple[int, tuple[int, ...]]:
+        return windows[k].start, branch[k][:depth[k]]
+
+    got: dict[tuple[int, tuple[int, ...]], dict[int, float]] = {}     # trie node -> its scores
+
+    def score(nodes: list[tuple[int, tuple[int, ...]]]) -> None:
+        # One call (one tree-masked forward in process) for the round's nodes; every window at a
+        # node advances by the tokens scored for it, and waits at its next node or is done.
+        nonlocal candidates, spent
+        asks = [sorted(children[n]) for n in nodes]
         with clock("windows"):
-            results = scorer.score_branches(base, requests)
-        candidates += len(batch)
-        for k, got in zip(batch, results):
-            w = windows[k]
-            ref = sum(lp[w.start:min(len(canon), w.end + la)])
-            value[k] = -math.inf if min(got[:len(w.ids)]) == -math.inf else sum(max(v, FLOOR) for v in got) - ref
+            results = scorer.score_nodes(base, [(p0 + at, list(path), ask) for (at, path), ask in zip(nodes, asks)])
+        spent += len(nodes)
+        for n, ask, lps in zip(nodes, asks, results):
+            got[n] = dict(zip(ask, lps))
+        for n in nodes:
+            for k in waiting.pop(n, ()):
+                advance(k)
+
+    def advance(k: int) -> None:
+        nonlocal candidates
+        while (n := node_of(k)) in got:
+            v = got[n][branch[k][depth[k]]]
+            if depth[k] < len(windows[k].ids) and v == -math.inf:
+                value[k] = -math.inf          # a token of the window the sampler could not draw
+                candidates += 1
+                return
+            part[k] += max(v, FLOOR)
+            depth[k] += 1
+            if depth[k] == len(branch[k]):
+                value[k] = part[k] - ref[k]
+                candidates += 1
+                return
+        waiting.setdefault(n, []).append(k)
+
+    # Windows that cannot sit in any split within `reach` nats of a split already known exactly
+    # (their max-marginal, on bounds, is below it) leave the programmes of later rounds: they can
+    # neither be a contender nor be scored for the confidence, and the rounds' programmes shrink
+    # to the windows that matter (T 1.0 code: ~1,400 windows a row, a few dozen live). The mass
+    # (below) still counts every window; a runner-up further back than `reach` is not told apart
+    # (`_Pass.reach`: the margin is reported as at least it).
+    reach = max(params.rescore_margin, params.confidence_nats) + PRUNE_SLACK
+    active = set(range(len(windows)))
 
     def current() -> list[float]:
         # Exact where scored; unscored windows at their bound, or out of the running (-inf) once
         # the cap cut the search (the decision is then made among scored windows only).
-        return [value.get(k, -math.inf if truncated else bound[k]) for k in range(len(windows))]
+        return [value.get(k, -math.inf if truncated else part[k] - ref[k]) if k in active else -math.inf
+                for k in range(len(windows))]
+
+    def prune(mm: list[float]) -> None:
+        exact = [value.get(k, -math.inf) if k in active else -math.inf for k in range(len(windows))]
+        floor = _best(len(canon), windows, exact, want, params.max_length_delta, 1)
+        cut = floor[0][0] - reach if floor else -math.inf
+        active.difference_update([k for k in list(active) if mm[k] < cut or mm[k] == -math.inf])
+
+    def next_nodes(ks: Sequence[int], room: int, taken: list, whole: bool = False) -> list:
+        # The nodes the windows ks wait at (whole: every node left on their paths, ancestors
+        # first), in order, until the round holds `room`.
+        for k in ks:
+            if k in value:
+                continue
+            for j in range(depth[k], len(branch[k]) if whole else depth[k] + 1):
+                if len(taken) >= room:
+                    return taken
+                n = (windows[k].start, branch[k][:j])
+                if n not in got and n not in taken:
+                    taken.append(n)
+        return taken
+
+    # Only splits that could win, or be re-ranked exactly against the winner, need exact deltas:
+    # the leader and those within `decide` of it. A leading base stands (every other split is below
+    # it at its bound). A runner-up further back is ranked by its bound and never scored: the
+    # margin it gives errs low, and no decision reads it (ambiguous_margin is inside `decide`).
+    decide = max(params.rescore_margin, params.ambiguous_margin)
+
+    def needed(top: list[tuple[float, tuple[int, ...]]]) -> list[int]:
+        if not top or not top[0][1]:
+            return []
+        return [k for v, sol in top if v >= top[0][0] - decide for k in sol if k not in value]
 
     while True:
         vals = current()
-        best = _contenders(_best(len(canon), windows, vals, want, params.max_length_delta, params.beam),
-                           params.rescore_margin)
-        need = [k for sol in best for k in sol if k not in value] if best and best[0] else []
+        top = _best(len(canon), windows, vals, want, params.max_length_delta, params.beam)
+        best = _contenders(top, params.rescore_margin)
+        need = needed(top)
         if not need:
             break
-        room = params.row_candidates - candidates
+        room = params.search_tokens - spent
         if room <= 0:
             # Windows that could enter the contenders were left unscored: the row says so
             # (Outcome.capped, column repair_capped), and the confidence's low estimate still
@@ -373,37 +474,43 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             best = _contenders(_best(len(canon), windows, current(), want, params.max_length_delta, params.beam),
                                params.rescore_margin)
             break
-        taken = list(dict.fromkeys(need))[:room]
-        fill = max(0, min(room, params.window_batch) - len(taken))
-        if fill:
-            # The round's other slots go to the windows most likely to be asked for next: by their
-            # max-marginal (the best split at the length that holds them, on current values), not
-            # their bare bound, which ignores whether a split at the bill's length can hold them.
-            # So the row_candidates cap is spent best-first, on windows that could still win.
-            mm = _max_marginals(len(canon), windows, vals, want, params.max_length_delta)
-            chosen = set(taken)
-            rest = sorted((k for k in range(len(windows)) if k not in value and k not in chosen and mm[k] > -math.inf),
-                          key=lambda k: (-mm[k], -bound[k], k))
-            taken += rest[:fill]
-        score(taken)
+        # A forward's cost is mostly reading the weights (a few tokens cost little more than one),
+        # so the contenders' windows are scored whole in one round, not a node a round.
+        taken = next_nodes(need, room, [], whole=True)
+        mm = _max_marginals(len(canon), windows, vals, want, params.max_length_delta)
+        # The round's other slots go to the windows most likely to be asked for next: by their
+        # max-marginal (the best split at the length that holds them, on current values), not
+        # their bare bound, which ignores whether a split at the bill's length can hold them.
+        # So the search_tokens cap is spent best-first, on windows that could still win.
+        rest = sorted((k for k in active if k not in value and mm[k] > -math.inf), key=lambda k: (-mm[k], k))
+        score(next_nodes(rest, min(room, max(params.round_tokens, len(taken))), taken))
+        prune(mm)
     # The decision is made; the rest only sharpens the confidence: unscored windows that could
     # sit in a split within confidence_nats of the best (by their bounds) are scored, so the mass
     # counts them at their value, not at a bound that is often nats too high. Scoring can only
     # lower a value, so the contenders stay as they are.
-    while params.confidence_nats > 0 and not truncated and candidates < params.row_candidates:
-        vals = [value.get(k, bound[k]) for k in range(len(windows))]
+    # Only the row's last pass reports the confidence: the one whose base stands (after a first
+    # pass that changed the ids), or the last allowed. A first pass whose base stands keeps the row
+    # as the text method made it; its confidence is not sharpened (its low estimate counts the
+    # unscored windows at their bound, so it errs lower), which makes such rows cost the base pass
+    # alone where every other split is below the canonical encoding at its bound.
+    leads = bool(best and best[0])
+    final = (not leads and k > 0) or (leads and k == params.passes - 1)
+    while final and params.confidence_nats > 0 and not truncated and spent < params.search_tokens:
+        vals = current()
         top = _best(len(canon), windows, vals, want, params.max_length_delta, 1)
         if not top:
             break
         mm = _max_marginals(len(canon), windows, vals, want, params.max_length_delta)
-        todo = sorted((k for k in range(len(windows)) if k not in value and mm[k] >= top[0][0] - params.confidence_nats),
-                      key=lambda k: -mm[k])
+        todo = sorted((k for k in active if k not in value and mm[k] >= top[0][0] - params.confidence_nats),
+                      key=lambda k: (-mm[k], k))
         if not todo:
             break
-        score(todo[:min(params.row_candidates - candidates, params.window_batch)])
+        score(next_nodes(todo, min(params.search_tokens - spent, params.round_tokens), []))
+        prune(mm)
 
     total = sum(lp)
-    mass = _log_mass(len(canon), windows, [value.get(k, bound[k]) for k in range(len(windows))], want,
+    mass = _log_mass(len(canon), windows, [value.get(k, part[k] - ref[k]) for k in range(len(windows))], want,
                      params.max_length_delta)
     mass_scored = _log_mass(len(canon), windows, [value.get(k, -math.inf) for k in range(len(windows))],
                             want, params.max_length_delta)
@@ -414,19 +521,23 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     # winner's re-score is the next pass's base pass (the scorer reuses the prefix before its
     # first edit), so it is asked for its alternatives too.
     ranked: list[tuple[float, tuple[Window, ...]]] = []
+    behind: list[tuple[float, tuple[Window, ...]]] = []     # ranked by local values, never first
+    others = []                            # the runner-ups to re-score, in one call
+    local = [sum(decided[i] for i in sol) for sol in picked]
     for k, edits in enumerate(sols):
         if not edits:
             ranked.append((total, edits))
-        elif not sols[0]:
-            # The base won: it stays whatever the runner-up's exact score, so the runner-up is not
-            # re-scored; its margin is the local one (a bound where a delta was not scored).
-            ranked.append((total + sum(decided[i] for i in picked[k]), edits))
+        elif not sols[0] or local[k] < local[0] - decide:
+            # The base won, or this split is too far behind the leader to win: it is not re-scored;
+            # its margin is the local one (a bound where a delta was not scored).
+            behind.append((total + local[k], edits))
         elif k:
-            ids = _apply(canon, edits)
-            first = edits[0].start
-            with clock("rescore"):
-                tail = scorer.score_branches(base, [(p0 + first, ids[first:])])[0]
-            ranked.append((sum(lp[:first]) + sum(max(v, FLOOR) for v in tail), edits))
+            others.append(edits)
+    if others:
+        firsts = [edits[0].start for edits in others]
+        with clock("rescore"):
+            tails = scorer.score_branches(base, [(p0 + f, _apply(canon, e)[f:]) for f, e in zip(firsts, others)])
+        ranked += [(sum(lp[:f]) + sum(max(v, FLOOR) for v in tail), e) for f, e, tail in zip(firsts, others, tails)]
     nxt = None
     if sols and sols[0]:
         ids = _apply(canon, sols[0])
@@ -434,7 +545,10 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             nxt = scorer.score(prompt + ids, p0, alternatives(ids, vocab))
         ranked.append((sum(max(v, FLOOR) for v in nxt.logprobs), sols[0]))
     ranked.sort(key=lambda x: -x[0])
+    ranked = ranked[:1] + sorted(ranked[1:] + behind, key=lambda x: -x[0])
     out = _Pass(total, mass, mass_scored, ranked, candidates, truncated)
+    out.reach = reach if len(active) < len(windows) else None
+    out.nodes = spent
     if ranked and ranked[0][1]:
         win = ranked[0][1]
         out.next_ids = _apply(canon, win)
@@ -469,8 +583,9 @@ def _counted(out: Outcome, scorer: Scorer, f0: int, t0: int) -> Outcome:
 
 
 def _windows(text: bytes, offs: dict[int, int], at: int, path: list[int], vocab: Vocab,
-             params: RepairParams) -> Iterator[list[int]]:
-    """Continuations of `path` (which ends at byte `at`) up to the first canonical boundary."""
+             params: RepairParams, memo: dict[int, list[int]]) -> Iterator[list[int]]:
+    """Continuations of `path` (which ends at byte `at`) up to the first canonical boundary.
+    `memo`: the span's vocabulary prefixes by byte offset, shared by every walk over the span."""
     count = 0
 
     def walk(at: int, path: list[int]) -> Iterator[list[int]]:
@@ -481,7 +596,9 @@ def _windows(text: bytes, offs: dict[int, int], at: int, path: list[int], vocab:
             return
         if len(path) >= params.window_tokens:
             return
-        for i in vocab.prefixes(text, at):
+        if at not in memo:
+            memo[at] = list(vocab.prefixes(text, at))
+        for i in memo[at]:
             if count >= params.window_candidates:
                 return
             path.append(i)
@@ -523,6 +640,17 @@ def _contenders(best: list[tuple[float, tuple[int, ...]]], margin: float) -> lis
     return [sol for k, (v, sol) in enumerate(best) if k < 2 or v >= best[0][0] - margin]
 
 
+def _events(n: int, windows: Sequence[Window], by_start: dict[int, list[int]]) -> list[int]:
+    """The positions where a programme's states can change: 0, n, and the possible windows' starts
+    and ends. Between two of them the states only carry over, so the programmes step from one to
+    the next (a row's 130 positions against the few dozen its live windows touch)."""
+    pts = {0, n}
+    for i, ks in by_start.items():
+        pts.add(i)
+        pts.update(windows[k].end for k in ks)
+    return sorted(pts)
+
+
 def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int | None,
           max_delta: int, keep: int = 2) -> list[tuple[float, tuple[int, ...]]]:
     """The `keep` best sets of disjoint windows (score, indices): total length change == want
@@ -531,31 +659,38 @@ def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int |
     `keep` best overall (each extends a state's best)."""
     by_start = _by_start(windows, value)
     # states[i]: length change -> up to `keep` (score, window indices) reaching position i.
-    states: list[dict[int, list[tuple[float, tuple[int, ...]]]]] = [dict() for _ in range(n + 1)]
-    states[0][0] = [(0.0, ())]
+    states: dict[int, dict[int, list[tuple[float, tuple[int, ...]]]]] = {}
 
-    def offer(i: int, d: int, entry: tuple[float, tuple[int, ...]]) -> None:
-        if abs(d) > max_delta:
-            return
-        cur = states[i].setdefault(d, [])
-        if len(cur) < keep:
-            cur.append(entry)
-            cur.sort(key=lambda x: -x[0])
-        elif entry[0] > cur[-1][0]:
-            cur[-1] = entry
-            cur.sort(key=lambda x: -x[0])
+    def offer(at: dict, d: int, score: float, sol: tuple[int, ...]) -> None:
+        # Keep the `keep` best, best first; an equal score keeps the one offered first.
+        cur = at.get(d)
+        if cur is None:
+            at[d] = [(score, sol)]
+        elif len(cur) < keep or score > cur[-1][0]:
+            j = len(cur)
+            while j and cur[j - 1][0] < score:
+                j -= 1
+            cur.insert(j, (score, sol))
+            if len(cur) > keep:
+                cur.pop()
 
-    for i in range(n):
-        starting = by_start.get(i, ())
-        for d, entries in states[i].items():
+    carry: dict[int, list[tuple[float, tuple[int, ...]]]] = {0: [(0.0, ())]}
+    for i in _events(n, windows, by_start):
+        here = states.pop(i, {})
+        for d, entries in carry.items():
             for e in entries:
-                offer(i + 1, d, e)
-                for k in starting:
-                    w = windows[k]
-                    offer(w.end, d + w.length_change, (e[0] + value[k], e[1] + (k,)))
-        states[i] = {}   # no longer needed
-    final = states[n]
-    pool = final.get(want, []) if want is not None else [e for es in final.values() for e in es]
+                offer(here, d, e[0], e[1])
+        for k in by_start.get(i, ()):
+            w, v = windows[k], value[k]
+            to = states.setdefault(w.end, {})
+            lc = w.length_change
+            for d, entries in here.items():
+                e = d + lc
+                if -max_delta <= e <= max_delta:
+                    for score, sol in entries:
+                        offer(to, e, score + v, sol + (k,))
+        carry = here
+    pool = carry.get(want, []) if want is not None else [e for es in carry.values() for e in es]
     return sorted(pool, key=lambda x: -x[0])[:keep]
 
 
@@ -565,33 +700,41 @@ def _max_marginals(n: int, windows: Sequence[Window], value: Sequence[float], wa
     none), by a forward programme (best to each position and length change) and a backward one
     (best from each position for each change still to make)."""
     by_start = _by_start(windows, value)
-    fwd: list[dict[int, float]] = [dict() for _ in range(n + 1)]
-    fwd[0][0] = 0.0
-    for i in range(n):
-        for d, v in fwd[i].items():
-            if v > fwd[i + 1].get(d, -math.inf):
-                fwd[i + 1][d] = v
-            for k in by_start.get(i, ()):
-                w, e = windows[k], d + windows[k].length_change
-                if abs(e) <= max_delta and v + value[k] > fwd[w.end].get(e, -math.inf):
-                    fwd[w.end][e] = v + value[k]
-    bwd: list[dict[int, float]] = [dict() for _ in range(n + 1)]
-    bwd[n][0] = 0.0
-    for i in range(n - 1, -1, -1):
-        cur = dict(bwd[i + 1])
+    events = _events(n, windows, by_start)
+    fwd: dict[int, dict[int, float]] = {}
+    arriving: dict[int, dict[int, float]] = {}
+    carry: dict[int, float] = {0: 0.0}
+    for i in events:
+        here = arriving.pop(i, {})
+        for d, v in carry.items():
+            if v > here.get(d, -math.inf):
+                here[d] = v
+        fwd[i] = here
+        for k in by_start.get(i, ()):
+            w = windows[k]
+            to = arriving.setdefault(w.end, {})
+            for d, v in here.items():
+                e = d + w.length_change
+                if abs(e) <= max_delta and v + value[k] > to.get(e, -math.inf):
+                    to[e] = v + value[k]
+        carry = here
+    bwd: dict[int, dict[int, float]] = {}
+    carry = {0: 0.0}
+    for i in reversed(events):
+        cur = dict(carry)
         for k in by_start.get(i, ()):
             w = windows[k]
             for r, v in bwd[w.end].items():
                 c = r + w.length_change
                 if abs(c) <= 2 * max_delta and v + value[k] > cur.get(c, -math.inf):
                     cur[c] = v + value[k]
-        bwd[i] = cur
+        bwd[i] = carry = cur
     out = []
     for k, w in enumerate(windows):
         best = -math.inf
         if value[k] > -math.inf:
+            rest = bwd[w.end]
             for d, v in fwd[w.start].items():
-                rest = bwd[w.end]
                 tail = (rest.get(want - d - w.length_change, -math.inf) if want is not None
                         else max(rest.values(), default=-math.inf))
                 best = max(best, v + value[k] + tail)
@@ -608,23 +751,25 @@ def _log_mass(n: int, windows: Sequence[Window], value: Sequence[float], want: i
     the mass is over-counted and the posterior it gives errs low; window interactions are
     ignored (local deltas), as in the search itself."""
     by_start = _by_start(windows, value)
-    states: list[dict[int, float]] = [dict() for _ in range(n + 1)]
-    states[0][0] = 0.0
+    states: dict[int, dict[int, float]] = {}
 
-    def add(i: int, d: int, v: float) -> None:
+    def add(at: dict, d: int, v: float) -> None:
         if abs(d) <= max_delta:
-            cur = states[i].get(d)
-            states[i][d] = v if cur is None else max(cur, v) + math.log1p(math.exp(-abs(cur - v)))
+            cur = at.get(d)
+            at[d] = v if cur is None else max(cur, v) + math.log1p(math.exp(-abs(cur - v)))
 
-    for i in range(n):
-        for d, v in states[i].items():
-            add(i + 1, d, v)
-            for k in by_start.get(i, ()):
-                w = windows[k]
-                add(w.end, d + w.length_change, v + value[k])
-        states[i] = {}
-    final = states[n]
+    carry: dict[int, float] = {0: 0.0}
+    for i in _events(n, windows, by_start):
+        here = states.pop(i, {})
+        for d, v in carry.items():
+            add(here, d, v)
+        for k in by_start.get(i, ()):
+            w = windows[k]
+            to = states.setdefault(w.end, {})
+            for d, v in here.items():
+                add(to, d + w.length_change, v + value[k])
+        carry = here
     if want is not None:
-        return final.get(want, -math.inf)
-    top = max(final.values())
-    return top + math.log(sum(math.exp(v - top) for v in final.values()))
+        return carry.get(want, -math.inf)
+    top = max(carry.values())
+    return top + math.log(sum(math.exp(v - top) for v in carry.values()))
