@@ -292,14 +292,18 @@ def calibration(graded: list[tuple[float, float, bool, bool, bool]]) -> dict:
                              "mean": round(sum(g[k] for g in b) / len(b), 3),
                              "exact": round(sum(g[3] for g in b) / len(b), 3)})
         out[f"{name}_bins"] = bins
+        # The precision/coverage curve a threshold is chosen on, as the stage applies it: among the
+        # REPAIRED rows (exact rows broken count as wrong) whose estimate is >= t, the share exact
+        # (Wilson 95%); coverage: those made exact over the differing rows.
         at = {}
         d = sum(g[2] for g in graded)
-        for t in (0.5, 0.8, 0.9, 0.95):
-            kept = [g for g in graded if g[2] and g[k] >= t]
-            at[str(t)] = {"differing_kept": len(kept), "coverage": round(len(kept) / d, 3) if d else None,
-                          "made_exact": sum(g[3] for g in kept),
-                          "share": round(sum(g[3] for g in kept) / len(kept), 3) if kept else None,
-                          "ci95": [round(x, 3) for x in wilson(sum(g[3] for g in kept), len(kept))]}
+        for t in (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99):
+            kept = [g for g in rep if g[k] >= t]
+            ok = sum(g[3] for g in kept)
+            at[str(t)] = {"repaired_kept": len(kept), "made_exact": ok,
+                          "precision": round(ok / len(kept), 3) if kept else None,
+                          "ci95": [round(x, 3) for x in wilson(ok, len(kept))],
+                          "coverage": round(ok / d, 3) if d else None}
         out[f"{name}_at"] = at
     return out
 
