@@ -18,6 +18,27 @@ score higher than the choice) or the posterior preferring another split, each al
 the rows whose search search_tokens cut (`Outcome.capped`). Generated rows are cached under
 --cache, keyed by the arguments, the weights and the prompt files' bytes (--raw), so a rerun only
 searches and other prompt files make new rows.
+
+Through the real vLLM (`--backend vllm`; .venv-engine, `make engine`):
+
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python -m bench.repair --backend vllm --temperature 0.7
+
+The same rows (generated in process, the same cache) and the same search (search_rows), its scorer
+a VllmScorer against vLLM's OpenAI server started on the embedded model as bench/engine.py starts
+it (eager on CPU, 1 GiB KV cache), top `repair.top_logprobs` raw log-probabilities per position,
+tempered from those (docs/repair.md, "Scoring backends"). Grading is shared with the in-process
+run; the "search_miss" split still re-scores the missed rows with the in-process target. The
+baseline is the hidden-style forward of the same rows through the same engine: one
+`/v1/completions` request per row, `prompt` its ids (prompt + canonical), `max_tokens` 1, every row
+in flight at once; timed twice, with `prompt_logprobs` (VllmScorer.score_rows over all rows: what
+the base pass asks) and without (the plain prefill). `extra_over_plain` is against the plain one:
+(search seconds - base-phase seconds) / plain prefill seconds. vLLM skips reading its prefix cache
+for requests with prompt logprobs (SamplingParams.skip_reading_prefix_cache), so every request the
+search sends, each trie node included, is a full prefill of its ids there; it still writes the
+blocks it computed, so the plain baseline runs first on the fresh engine (after a warm-up on
+unrelated ids), before anything has cached these rows: its prefix-cache hits are then only the
+rows' shared prefixes among themselves (reported, from /metrics). Engine CPU seconds are the
+engine process group's (/proc), the client's are this process's.
 """
 
 from __future__ import annotations
@@ -30,7 +51,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-
 
 
 def prompt_files_digest(raw: str, datasets: list[str]) -> str:
@@ -84,8 +104,10 @@ def build_rows(lm, tok, args, partial: Path) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                    help="score in process (hf) or through vLLM's OpenAI server from .venv-engine (vllm)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--datasets", nargs="+", default=["chat", "code"])
@@ -102,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", nargs="*", default=[], help="RepairParams overrides key=value")
     ap.add_argument("--generate-only", action="store_true", help="build and cache the rows, search nothing")
     ap.add_argument("--rows-so-far", action="store_true", help="search the rows an unfinished generation made")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
 
     import torch
 
@@ -144,7 +170,6 @@ def main(argv: list[str] | None = None) -> int:
         overrides[k] = json.loads(v)
     params = RepairParams(**overrides)
     vocab = Vocab.from_tokenizer(tok)
-    scorer = HFScorer(lm.model, Sampling(args.temperature, args.top_p), params.branch_tokens)
 
     counts, reasons, fixed_by = Counter(), Counter(), Counter()
     forwards = tokens = 0
@@ -154,10 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     index = [k for k in range(len(rows)) if not args.only or k in args.only]    # the rows' own numbers
     rows = [rows[k] for k in index]
     target = (lambda r: None) if args.no_bill else (lambda r: r["billed"])
-    # Wall and CPU seconds: on a shared machine the CPU seconds compare better.
-    t, c = time.perf_counter(), time.process_time()
-    outcomes = list(search_rows([(r["prompt"], r["canon"], target(r)) for r in rows], scorer, vocab, params))
-    search_s, search_cpu = time.perf_counter() - t, time.process_time() - c
+    if args.backend == "vllm":
+        scorer, outcomes, search_s, search_cpu, engine_figures = search_through_vllm(rows, target, vocab, params,
+                                                                                     args)
+    else:
+        scorer = HFScorer(lm.model, Sampling(args.temperature, args.top_p), params.branch_tokens)
+        # Wall and CPU seconds: on a shared machine the CPU seconds compare better.
+        t, c = time.perf_counter(), time.process_time()
+        outcomes = list(search_rows([(r["prompt"], r["canon"], target(r)) for r in rows], scorer, vocab, params))
+        search_s, search_cpu = time.perf_counter() - t, time.process_time() - c
     for k, (r, out) in enumerate(zip(rows, outcomes)):
         differs = r["canon"] != r["truth"]
         same_bytes = vocab.bytes_of(r["canon"]) == vocab.bytes_of(r["truth"])
@@ -214,22 +244,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             counts["semantic"] += 1
 
-    # The hidden stage's forward over the same rows: sorted by length, right-padded, about
-    # batch_tokens padded tokens per pass (hidden/capture.py's plan_batches), decoder only.
-    from draftgate.hidden.capture import plan_batches
+    if args.backend == "hf":
+        # The hidden stage's forward over the same rows: sorted by length, right-padded, about
+        # batch_tokens padded tokens per pass (hidden/capture.py's plan_batches), decoder only.
+        from draftgate.hidden.capture import plan_batches
 
-    seqs = [r["prompt"] + r["canon"] for r in rows]
-    t, c = time.perf_counter(), time.process_time()
-    with torch.inference_mode():
-        for batch in plan_batches([len(x) for x in seqs], params.batch_tokens):
-            width = max(len(seqs[i]) for i in batch)
-            x = torch.zeros((len(batch), width), dtype=torch.long)
-            m = torch.zeros((len(batch), width), dtype=torch.long)
-            for j, i in enumerate(batch):
-                x[j, :len(seqs[i])] = torch.tensor(seqs[i])
-                m[j, :len(seqs[i])] = 1
-            lm.model.get_decoder()(input_ids=x, attention_mask=m, use_cache=False)
-    plain_s, plain_cpu = time.perf_counter() - t, time.process_time() - c
+        seqs = [r["prompt"] + r["canon"] for r in rows]
+        t, c = time.perf_counter(), time.process_time()
+        with torch.inference_mode():
+            for batch in plan_batches([len(x) for x in seqs], params.batch_tokens):
+                width = max(len(seqs[i]) for i in batch)
+                x = torch.zeros((len(batch), width), dtype=torch.long)
+                m = torch.zeros((len(batch), width), dtype=torch.long)
+                for j, i in enumerate(batch):
+                    x[j, :len(seqs[i])] = torch.tensor(seqs[i])
+                    m[j, :len(seqs[i])] = 1
+                lm.model.get_decoder()(input_ids=x, attention_mask=m, use_cache=False)
+        plain_s, plain_cpu = time.perf_counter() - t, time.process_time() - c
 
     n, d = len(rows), counts["differing"]
     lo, hi = wilson(counts["made_exact"], d)
@@ -252,11 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         "capped_rows": counts["capped"],
         "phases": {ph: {"forwards_per_row": round(v[0] / n, 2), "tokens_per_row": round(v[1] / n, 1),
                         "s": round(v[2], 2)} for ph, v in phases.items()},
-        "search_s": round(search_s, 2), "plain_forward_s": round(plain_s, 2),
-        "extra_over_plain": round((search_s - phases.get("base", [0, 0, 0])[2]) / plain_s, 2),
-        "search_over_plain": round(search_s / plain_s, 2),
-        "search_cpu_s": round(search_cpu, 2), "plain_forward_cpu_s": round(plain_cpu, 2),
-        "search_over_plain_cpu": round(search_cpu / plain_cpu, 2),
+        **({"search_s": round(search_s, 2), "plain_forward_s": round(plain_s, 2),
+            "extra_over_plain": round((search_s - phases.get("base", [0, 0, 0])[2]) / plain_s, 2),
+            "search_over_plain": round(search_s / plain_s, 2),
+            "search_cpu_s": round(search_cpu, 2), "plain_forward_cpu_s": round(plain_cpu, 2),
+            "search_over_plain_cpu": round(search_cpu / plain_cpu, 2)} if args.backend == "hf" else
+           vllm_timings(engine_figures, search_s, search_cpu, phases.get("base", [0, 0, 0])[2])),
         "calibration": calibration(graded),
         "params": overrides, "failures": failures[:10],
     }
@@ -264,6 +296,113 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0
+
+
+def search_through_vllm(rows: list[dict], target, vocab, params, args) -> tuple:
+    """Start vLLM on the embedded model, time both baselines (plain prefill first: module
+    docstring), then the search with a VllmScorer; the engine stops before grading."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from draftgate.engine.launch import running_vllm
+    from draftgate.engine.model import SERVED_NAME, servable_dir
+    from draftgate.repair.score import Sampling, ScoreError, VllmScorer, post_json
+    from draftgate.repair.search import search_rows
+
+    sampling = Sampling(args.temperature, args.top_p)
+    seqs = [r["prompt"] + r["canon"] for r in rows]
+    figures: dict = {"rows_in_flight": len(seqs), "top_logprobs": params.top_logprobs}
+
+    def patient(url: str, body: dict) -> dict:     # every row at once on 2 cores: past post_json's 120 s
+        return post_json(url, body, 1800.0)
+
+    start = time.perf_counter()
+    with running_vllm(servable_dir().path, served_name=SERVED_NAME, kvcache_gib=1) as engine:
+        figures["start_s"] = round(time.perf_counter() - start, 1)
+        figures["log"] = str(engine.log_path)
+        url = f"{engine.root_url}/v1/completions"
+
+        def plain(ids: list[int]) -> dict:
+            answer = patient(url, {"model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0.0})
+            if answer.get("usage", {}).get("prompt_tokens") != len(ids):
+                raise ScoreError(f"{url}: usage {answer.get('usage')} for a {len(ids)}-token prompt")
+            return answer
+
+        warm = list(range(1000, 1040))              # unrelated ids: no block of the rows' gets cached
+        plain(warm)
+        VllmScorer(engine.root_url, SERVED_NAME, sampling, params.top_logprobs, post=patient).score(warm, 1)
+
+        hits0 = prefix_cache(engine.root_url)
+        t, c, e = time.perf_counter(), time.process_time(), engine_cpu_s(engine.pid)
+        with ThreadPoolExecutor(max(1, len(seqs))) as pool:
+            list(pool.map(plain, seqs))
+        figures["plain"] = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c,
+                            "engine_cpu_s": engine_cpu_s(engine.pid) - e}
+        hits1 = prefix_cache(engine.root_url)
+        figures["plain"]["prefix_cache"] = {k: hits1[k] - hits0.get(k, 0) for k in hits1}
+
+        base = VllmScorer(engine.root_url, SERVED_NAME, sampling, params.top_logprobs, post=patient,
+                          concurrency=max(1, len(seqs)))
+        t, c, e = time.perf_counter(), time.process_time(), engine_cpu_s(engine.pid)
+        base.score_rows([(ids, len(r["prompt"]), None) for ids, r in zip(seqs, rows)])
+        figures["logprobs"] = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c,
+                               "engine_cpu_s": engine_cpu_s(engine.pid) - e}
+
+        scorer = VllmScorer(engine.root_url, SERVED_NAME, sampling, params.top_logprobs)
+        t, c, e = time.perf_counter(), time.process_time(), engine_cpu_s(engine.pid)
+        outcomes = list(search_rows([(r["prompt"], r["canon"], target(r)) for r in rows], scorer, vocab, params))
+        search_s, search_cpu = time.perf_counter() - t, time.process_time() - c
+        figures["search_engine_cpu_s"] = engine_cpu_s(engine.pid) - e
+        figures["search_requests"] = scorer.counters.forwards
+        figures["search_request_tokens"] = scorer.counters.tokens
+    return scorer, outcomes, search_s, search_cpu, figures
+
+
+def vllm_timings(f: dict, search_s: float, search_cpu: float, base_s: float) -> dict:
+    """The timing figures of a --backend vllm run (module docstring)."""
+    plain, lp = f["plain"]["s"], f["logprobs"]["s"]
+    return {"backend": "vllm", "search_s": round(search_s, 2),
+            "engine_prefill_plain_s": round(plain, 2), "engine_prefill_logprobs_s": round(lp, 2),
+            "extra_over_plain": round((search_s - base_s) / plain, 2),
+            "search_over_plain": round(search_s / plain, 2), "search_over_logprobs": round(search_s / lp, 2),
+            "search_cpu_s": round(search_cpu, 2),
+            "search_engine_cpu_s": round(f["search_engine_cpu_s"], 2),
+            "engine_prefill_plain_engine_cpu_s": round(f["plain"]["engine_cpu_s"], 2),
+            "engine_prefill_logprobs_engine_cpu_s": round(f["logprobs"]["engine_cpu_s"], 2),
+            "search_over_plain_engine_cpu": round(f["search_engine_cpu_s"] / f["plain"]["engine_cpu_s"], 2)
+            if f["plain"]["engine_cpu_s"] else None,
+            "engine": {"start_s": f["start_s"], "log": f["log"], "rows_in_flight": f["rows_in_flight"],
+                       "top_logprobs": f["top_logprobs"], "search_requests": f["search_requests"],
+                       "search_request_tokens": f["search_request_tokens"],
+                       "plain_prefix_cache": f["plain"]["prefix_cache"]}}
+
+
+def engine_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of the engine's process group now (/proc/PID/stat, its threads in)."""
+    from draftgate.engine.launch import group_members
+
+    ticks = 0
+    for pid in group_members(pgid):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        ticks += int(fields[11]) + int(fields[12])            # utime, stime (stat fields 14, 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def prefix_cache(root_url: str) -> dict[str, float]:
+    """vLLM's prefix-cache counters (tokens queried, tokens hit) from its /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{root_url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in ("queries", "hits"):
+            if line.startswith((f"vllm:prefix_cache_{name}_total ", f"vllm:prefix_cache_{name}_total{{")):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def calibration(graded: list[tuple[float, float, bool, bool, bool]]) -> dict:

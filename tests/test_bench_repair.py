@@ -1,4 +1,5 @@
-"""bench/repair.py's row cache: keyed by the prompt files' bytes, not only by the datasets' names."""
+"""bench/repair.py's row cache: keyed by the prompt files' bytes, not only by the datasets' names;
+its --backend choice (the vLLM run itself starts the engine: not here)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.repair import prompt_files_digest  # noqa: E402
+from bench.repair import parser, prompt_files_digest  # noqa: E402
 
 
 def test_other_prompt_files_under_the_same_dataset_names_key_other_rows(tmp_path):
@@ -26,3 +27,11 @@ def test_other_prompt_files_under_the_same_dataset_names_key_other_rows(tmp_path
 def test_a_missing_prompt_file_names_the_folder_to_pass():
     with pytest.raises(SystemExit, match="pass --raw"):
         prompt_files_digest(str(ROOT / "data" / "raw"), ["no_such_dataset"])
+
+
+def test_backend_is_in_process_unless_vllm_is_asked_for(capsys):
+    assert parser().parse_args([]).backend == "hf"
+    assert parser().parse_args(["--backend", "vllm", "--only", "0", "1"]).backend == "vllm"
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--backend", "sglang"])
+    assert "invalid choice" in capsys.readouterr().err
