@@ -173,3 +173,7 @@ def test_without_truth_the_gate_still_reports_the_expected_count_and_the_confide
 
     html = page.write(record, tmp_path / "docs", root=ROOT, dvc_yaml={}).read_text()
     assert "Computed by the gate: confidence_tenths" in html and "expected_made_exact" in html
+    # The calibration figures read down the page, one a line, not fourteen columns across.
+    shown = report["tables"]["calibration"]
+    assert shown["columns"] == ["figure", "value"]
+    assert {r["figure"]: r["value"] for r in shown["rows"]} == report["calibration"]

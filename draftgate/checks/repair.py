@@ -190,6 +190,8 @@ def compute(inputs: dict[str, str], params_path: str) -> Computed:
                         for k, v in figures.items()])
     table = pa.Table.from_pylist([figures], schema=schema)
     report = {"calibration": figures, "tables": {
-        "calibration": {"note": CALIBRATION_NOTE, "columns": list(figures), "rows": [figures]},
+        # One figure a line: fourteen columns of one row scrolled sideways on the page.
+        "calibration": {"note": CALIBRATION_NOTE, "columns": ["figure", "value"],
+                        "rows": [{"figure": k, "value": v} for k, v in figures.items()]},
         "confidence_tenths": {"note": TENTHS_NOTE, "columns": list(tenths[0]), "rows": tenths}}}
     return Computed(tables={"calibration": table}, report=report)
