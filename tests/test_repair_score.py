@@ -121,6 +121,45 @@ def test_rows_scored_in_one_padded_batch_score_like_each_alone_and_branch_on_the
     assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
 
 
+def test_several_rows_trie_rounds_are_one_forward_and_score_like_each_row_alone(lm, ids):
+    sampling = Sampling(0.7, top_p=0.95)
+    rows = [ids, ids[:9], ids[2:]]
+    scorer = HFScorer(lm.model, sampling)
+    scorer.score_rows([(r, 1, None) for r in rows])
+    asks = [(ids, [(4, [ids[4]], [ids[5], 300]), (4, [ids[4], ids[5]], [ids[6]])]),
+            (ids[:9], [(6, [300, 301], [5, ids[8]])]),
+            (ids[2:], [(3, [ids[5]], [ids[6]])])]
+    got = scorer.score_nodes_many(asks)
+    assert scorer.counters.forwards == 2                     # the batch's base pass, then one round for all
+    deeper = scorer.score_nodes_many([(ids, [(4, [ids[4], ids[5], 7], [9])]), (ids[:9], [(6, [300, 301, 5], [2])])])
+    assert scorer.counters.forwards == 3 and scorer.counters.tokens == 3 * len(ids) + 3 * 2 + 2 * 1
+    for (base, nodes), lps in zip(asks + [(ids, [(4, [ids[4], ids[5], 7], [9])]), (ids[:9], [(6, [300, 301, 5], [2])])],
+                                  got + deeper):
+        alone = HFScorer(lm.model, sampling)
+        alone.score(base, 1)
+        exact = alone.score_nodes(base, nodes)
+        assert all(a == b == -math.inf or abs(a - b) < 1e-4 for x, y in zip(lps, exact) for a, b in zip(x, y))
+        assert [len(x) for x in lps] == [len(ask) for _, _, ask in nodes]
+
+
+def test_several_rows_next_bases_are_one_forward_from_where_each_leaves_its_old_base(lm, ids):
+    sampling = Sampling(1.0)
+    scorer = HFScorer(lm.model, sampling)
+    old = [ids, ids[:10]]
+    scorer.score_rows([(r, 1, None) for r in old])
+    new = [ids[:5] + [300] + ids[6:], ids[:8] + [301, 302]]
+    got = scorer.score_many([(n, 2, None, o) for n, o in zip(new, old)])
+    assert scorer.counters.forwards == 2
+    assert scorer.counters.tokens == 2 * len(ids) + 2 * (len(ids) - 5)   # padded to the longer rest
+    for n, g in zip(new, got):
+        fresh = HFScorer(lm.model, sampling).score(n, 2).logprobs
+        assert max(abs(a - b) for a, b in zip(g.logprobs, fresh)) < 1e-4
+    # The old bases stay as they were, for any other search on them.
+    branch = scorer.score_branches(ids, [(4, [300, 301])])[0]
+    plain = HFScorer(lm.model, sampling).score(ids[:4] + [300, 301], 4).logprobs
+    assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
+
+
 def test_asked_alternatives_come_from_the_same_pass(lm, ids):
     scorer = HFScorer(lm.model, Sampling(1.0))
     s = scorer.score(ids, 2, ask=[[ids[2], 5]] + [[]] * (len(ids) - 3))

@@ -15,6 +15,10 @@ A backend answers two questions (`Scorer`):
   ids as the token after base[:at] + path: one node of the search's trie of windows, scored once
   for every window that runs through it. The HF target keeps each path's KV in the cache while the
   base stands, so a node costs one forwarded token however many windows share it.
+- `score_nodes_many(asks)` and `score_many(asks)`: the same for several rows at once (the searches
+  of a base-pass batch run in step, search.py `_drive`): the HF target answers each in one padded
+  forward for every row (a forward's fixed cost, ~45 ms on this CPU, once per round, not per row);
+  the HTTP backends send every row's requests together.
   Branches share the base's prefix, so a backend scores that prefix once: the HF target keeps the
   base's KV cache and scores every branch in one forward with a tree mask; an engine reuses its
   prefix cache (SGLang's radix cache; vLLM skips its prefix cache for requests that ask for
@@ -93,12 +97,19 @@ class Scorer(Protocol):
     sampling: Sampling
     counters: Counters
 
-    def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None) -> Scored: ...
+    def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None,
+              replace: Sequence[int] | None = None) -> Scored: ...
+
+    def score_many(self, asks: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None,
+                                              Sequence[int] | None]]) -> list[Scored]: ...
 
     def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]: ...
 
     def score_nodes(self, base: Sequence[int], nodes: Sequence[tuple[int, Sequence[int], Sequence[int]]]
                     ) -> list[list[float]]: ...
+
+    def score_nodes_many(self, asks: Sequence[tuple[Sequence[int], Sequence[tuple[int, Sequence[int], Sequence[int]]]]]
+                         ) -> list[list[list[float]]]: ...
 
     def score_rows(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]]) -> list[Scored]: ...
 
@@ -143,6 +154,13 @@ class HFScorer:
     already 4D"); the cache is cropped back to the base afterwards (DynamicCache.crop). Llama-family
     heads (logits = lm_head(decoder output)); a head with soft-capping would need it applied here.
 
+    Several bases are cached at once, by their ids (`_Row`: cache, states, trie), so the searches
+    of a batch's rows run in step: `score_nodes_many` copies the rows' caches into one right-padded
+    batch, forwards every row's new nodes together under a per-row tree mask, and appends each
+    row's new columns to its own cache; `score_many` does the same for the rows' next bases (each
+    from where it leaves its old base). A row is padded only to rows of about its own size
+    (PAD_SLACK): padding is computed like any token.
+
     `capture` = (layers, dtype name): `score_rows` also keeps each row's EAGLE-3 features from the
     same forward (draftgate/target.py `capturing`, the hidden stage's definition) until `release`,
     for the hidden stage's prefill (`features`; docs/repair.md, "One prefill for two stages").
@@ -153,11 +171,12 @@ class HFScorer:
         self.model, self.sampling, self.branch_tokens, self.capture = model, sampling, branch_tokens, capture
         self.counters = Counters()
         self._features: dict[tuple[int, ...], tuple[Any, Any]] = {}      # score_rows' rows, with capture
-        self._base: tuple[tuple[int, ...], Any, Any] | None = None   # ids, cache, hidden states
         self._pending: dict[tuple[int, ...], tuple[Any, int, Any]] = {}  # score_rows: ids -> batch cache, row, states
-        # score_nodes' trie on the current base: (at, path) -> (its column in the base's cache, its
-        # state). The columns sit after the base's own; any other use of the cache drops them first.
-        self._tree: dict[tuple[int, tuple[int, ...]], tuple[int, Any]] = {}
+        # The cached bases, by their ids: a search over many rows in step (search_rows) keeps one per
+        # row, each with its own cache and score_nodes' trie. `_last`: the base `score` cuts back
+        # from when it is not told which (one search at a time).
+        self._rows: dict[tuple[int, ...], _Row] = {}
+        self._last: tuple[int, ...] | None = None
 
     @property
     def device(self) -> Any:
@@ -183,42 +202,99 @@ class HFScorer:
                       for k, want in enumerate(ask[a:a + HEAD_ROWS])]
         return mine, asked
 
-    def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None) -> Scored:
-        """One pass over ids. Where the cached base shares a prefix with ids (the search's next
-        base differs from the last one only from its first edit on), the cache is cut back to that
-        prefix and only the rest is computed."""
-        import torch
-        from transformers.cache_utils import DynamicCache
+    def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None,
+              replace: Sequence[int] | None = None) -> Scored:
+        """One pass over ids. Where a cached base shares a prefix with ids (the search's next base
+        differs from the last one only from its first edit on), that prefix of its cache is reused
+        and only the rest is computed. `replace`: that base (by default the last one used); it
+        stays cached as it was, for any other search on the same ids."""
+        return self.score_many([(ids, start, ask, replace)])[0]
 
-        ids = list(ids)
-        if not 1 <= start <= len(ids):
-            raise ScoreError(f"start {start} must be in 1..{len(ids)} (the first token has no context)")
-        self._adopt(ids)
-        self._drop_tree()
-        common = 0
-        if self._base is not None:
-            old = self._base[0]
-            while common < min(len(old), len(ids)) and old[common] == ids[common]:
-                common += 1
-            common = min(common, len(ids) - 1)        # at least one token runs, for its state
+    def score_many(self, asks: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None,
+                                              Sequence[int] | None]]) -> list[Scored]:
+        """`score` of several (ids, start, ask, replace), other rows' next bases: the part each must
+        compute (from where it leaves the base it replaces) in ONE padded forward, so the weights
+        are read once for every row of a search_rows batch that re-scores in the same step."""
+        import torch
+
+        jobs = []
+        for ids, start, ask, replace in asks:
+            ids = list(ids)
+            if not 1 <= start <= len(ids):
+                raise ScoreError(f"start {start} must be in 1..{len(ids)} (the first token has no context)")
+            key = tuple(ids)
+            self._adopt(key)
+            if replace is not None:
+                self._adopt(tuple(replace))
+            src = key if key in self._rows else (tuple(replace) if replace is not None else self._last)
+            row = self._rows.get(src) if src is not None else None
+            common = 0
+            if row is not None:
+                while common < min(len(row.ids), len(ids)) and row.ids[common] == ids[common]:
+                    common += 1
+                common = min(common, len(ids) - 1)        # at least one token runs, for its state
+            jobs.append((ids, start, ask, row, common))
+        outs: list[Scored] = []
         with torch.inference_mode():
-            if common:
-                _, cache, h_old = self._base
-                cache.crop(common - len(self._base[0]))
-                x = torch.tensor([ids[common:]], dtype=torch.long, device=self.device)
-                pos = torch.arange(common, len(ids), device=self.device)[None]
-                h_new = self.model.get_decoder()(input_ids=x, position_ids=pos, cache=cache,
-                                                 use_cache=True).last_hidden_state[0]
-                h = torch.cat([h_old[:common], h_new])
-            else:
-                cache = DynamicCache(config=self.model.config)
-                x = torch.tensor([ids], dtype=torch.long, device=self.device)
-                h = self.model.get_decoder()(input_ids=x, cache=cache, use_cache=True).last_hidden_state[0]
-            mine, asked = self._logprobs(h[start - 1:len(ids) - 1], ids[start:], ask)
+            todo = sorted(range(len(jobs)), key=lambda j: -(len(jobs[j][0]) - jobs[j][4]))
+            states: list[Any] = [None] * len(jobs)
+            while todo:
+                group = [todo[0]]
+                for j in todo[1:]:
+                    if _joins(len(group), len(jobs[group[0]][0]) - jobs[group[0]][4], len(jobs[j][0]) - jobs[j][4],
+                              self.branch_tokens):
+                        group.append(j)
+                for j, h in zip(group, self._extend([(jobs[j][0], jobs[j][3], jobs[j][4]) for j in group])):
+                    states[j] = h
+                todo = [j for j in todo if j not in group]
+            for (ids, start, ask, _, _), h in zip(jobs, states):
+                mine, asked = self._logprobs(h[start - 1:len(ids) - 1], ids[start:], ask)
+                outs.append(Scored(mine, asked))
+        if jobs:
+            self._last = tuple(jobs[-1][0])
+        return outs
+
+    def _extend(self, jobs: Sequence[tuple[list[int], _Row | None, int]]) -> list[Any]:
+        """For each (ids, cached row, common): a new cached row for ids whose cache is a copy of the
+        old one's first `common` columns (none without a row) followed by ids[common:], computed in
+        one right-padded forward: row r's new tokens sit after the widest prefix and see its own
+        prefix and its own earlier new tokens (a 4D mask). The old rows stay as they were (their
+        trie columns after the base are never copied). Returns each row's hidden states over ids."""
+        import torch
+
+        dev, dtype = self.device, next(self.model.parameters()).dtype
+        commons = [common if row is not None else 0 for _, row, common in jobs]
+        width = max(commons)
+        m = max(len(ids) - c for (ids, _, _), c in zip(jobs, commons))
+        batch = _stack([row.cache if row is not None else None for _, row, _ in jobs], commons, width,
+                       self.model.config)
+        allow = torch.zeros((len(jobs), m, width + m), dtype=torch.bool)
+        x = torch.zeros((len(jobs), m), dtype=torch.long)
+        pos = torch.zeros((len(jobs), m), dtype=torch.long)
+        for r, ((ids, _, _), c) in enumerate(zip(jobs, commons)):
+            k = len(ids) - c
+            x[r, :k] = torch.tensor(ids[c:])
+            pos[r, :k] = torch.arange(c, len(ids))
+            allow[r, :, :c] = True
+            allow[r, :, width:] = torch.ones(m, m, dtype=torch.bool).tril()
+        mask = torch.zeros((len(jobs), 1, m, width + m), dtype=dtype)
+        mask.masked_fill_(~allow[:, None], torch.finfo(dtype).min)
+        with _gqa_in_sdpa():
+            h = self.model.get_decoder()(input_ids=x.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                                         cache=batch, use_cache=True).last_hidden_state
         self.counters.forwards += 1
-        self.counters.tokens += len(ids) - common
-        self._base = (tuple(ids), cache, h)
-        return Scored(mine, asked)
+        self.counters.tokens += len(jobs) * m
+        out = []
+        for r, ((ids, row, _), c) in enumerate(zip(jobs, commons)):
+            k = len(ids) - c
+            if len(jobs) == 1:
+                cache = batch                   # one row: the batch is its prefix and its new tokens
+            else:
+                cache = _unstack(batch, r, [(0, c), (width, width + k)], self.model.config)
+            hr = torch.cat([row.h[:c], h[r, :k]]) if c else h[r, :k]
+            self._rows[tuple(ids)] = _Row(tuple(ids), cache, hr)
+            out.append(hr)
+        return out
 
     def score_rows(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]]) -> list[Scored]:
         """`score` of many rows in ONE right-padded forward (the caller sizes the batch, as the
@@ -272,35 +348,34 @@ class HFScorer:
         return self._features.get(tuple(ids))
 
     def release(self) -> None:
-        """Drop the batch's caches and features (score_rows) and the current base."""
-        self._pending, self._base, self._features, self._tree = {}, None, {}, {}
+        """Drop the batch's caches and features (score_rows) and every cached base."""
+        self._pending, self._features, self._rows, self._last = {}, {}, {}, None
 
-    def _drop_tree(self) -> None:
-        """Cut score_nodes' columns off the base's cache, so it holds the base alone again."""
-        if self._tree and self._base is not None:
-            cache = self._base[1]
-            cache.crop(len(self._base[0]) - cache.get_seq_length())    # crop takes minus the tokens to drop
-        self._tree = {}
-
-    def _adopt(self, ids: Sequence[int]) -> None:
-        """Make a row of the last score_rows batch the cached base (its slice of the batch cache)."""
+    def _adopt(self, key: tuple[int, ...]) -> None:
+        """Make a row of the last score_rows batch a cached base (its slice of the batch cache)."""
         from transformers.cache_utils import DynamicCache
 
-        key = tuple(ids)
-        if key not in self._pending or (self._base is not None and self._base[0] == key):
+        if key not in self._pending or key in self._rows:
             return
-        self._drop_tree()
         batch_cache, k, h = self._pending.pop(key)
         n = len(key)
         cache = DynamicCache(config=self.model.config)
         for li, layer in enumerate(batch_cache.layers):
             cache.update(layer.keys[k:k + 1, :, :n].clone(), layer.values[k:k + 1, :, :n].clone(), li)
-        self._base = (key, cache, h[k, :n])
+        self._rows[key] = _Row(key, cache, h[k, :n])
+
+    def _on_base(self, base: list[int]) -> _Row:
+        key = tuple(base)
+        self._adopt(key)
+        if key not in self._rows:
+            self.score(base, len(base), replace=base)     # scored afresh: no other base is touched
+        self._last = key
+        return self._rows[key]
 
     def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
         base = list(base)
-        self._on_base(base)
-        self._drop_tree()
+        row = self._on_base(base)
+        row.drop_tree()
         out: list[list[float]] = []
         group: list[tuple[int, Sequence[int]]] = []
         size = 0
@@ -308,18 +383,13 @@ class HFScorer:
             if not 1 <= at <= len(base) or not ids:
                 raise ScoreError(f"branch at {at} with {len(ids)} ids: needs 1 <= at <= {len(base)} and ids")
             if group and size + len(ids) > self.branch_tokens:
-                out += self._branch_forward(group)
+                out += self._branch_forward(row, group)
                 group, size = [], 0
             group.append((at, ids))
             size += len(ids)
         if group:
-            out += self._branch_forward(group)
+            out += self._branch_forward(row, group)
         return out
-
-    def _on_base(self, base: list[int]) -> None:
-        self._adopt(base)
-        if self._base is None or self._base[0] != tuple(base):
-            self.score(base, len(base))
 
     def score_nodes(self, base: Sequence[int], nodes: Sequence[tuple[int, Sequence[int], Sequence[int]]]
                     ) -> list[list[float]]:
@@ -329,68 +399,112 @@ class HFScorer:
         whose parent was scored before costs ONE forwarded token (attending to base[:at] and its
         ancestors' columns, a tree mask), and the windows that share a node share that token. So
         the search pays per distinct branch prefix, not per window (docs/repair.md, "Windows")."""
+        return self.score_nodes_many([(base, nodes)])[0]
+
+    def score_nodes_many(self, asks: Sequence[tuple[Sequence[int], Sequence[tuple[int, Sequence[int], Sequence[int]]]]]
+                         ) -> list[list[list[float]]]:
+        """`score_nodes` for several (base, nodes) of different rows (search_rows' searches in step):
+        their new nodes in one padded forward where they fit in branch_tokens, so a round of every
+        row costs about one reading of the weights instead of one per row."""
         import torch
 
-        base = list(base)
-        self._on_base(base)
-        new: list[tuple[int, tuple[int, ...]]] = []
-        seen = set()
-        for at, path, _ in nodes:
-            if not 1 <= at <= len(base) or not path:
-                raise ScoreError(f"node at {at} with {len(path)} ids: needs 1 <= at <= {len(base)} and a path")
-            for j in range(1, len(path) + 1):
-                key = (at, tuple(path[:j]))
-                if key not in self._tree and key not in seen:
-                    seen.add(key)
-                    new.append(key)          # ancestors first: a prefix is met before its extensions
-        for k in range(0, len(new), self.branch_tokens):
-            self._grow(new[k:k + self.branch_tokens])
-        states = torch.stack([self._tree[(at, tuple(path))][1] for at, path, _ in nodes]) if nodes else None
-        out: list[list[float]] = []
-        if states is None:
-            return out
+        rows = []
+        new: dict[int, tuple[_Row, list[tuple[int, tuple[int, ...]]]]] = {}   # id(row) -> its new nodes
+        for base, nodes in asks:
+            base = list(base)
+            row = self._on_base(base)
+            rows.append(row)
+            _, keys = new.setdefault(id(row), (row, []))   # two searches on the same ids share a row
+            for at, path, _ in nodes:
+                if not 1 <= at <= len(base) or not path:
+                    raise ScoreError(f"node at {at} with {len(path)} ids: needs 1 <= at <= {len(base)} and a path")
+                for j in range(1, len(path) + 1):
+                    key = (at, tuple(path[:j]))
+                    if key not in row.tree and key not in keys:
+                        keys.append(key)          # ancestors first: a prefix is met before its extensions
+        work: list[tuple[_Row, list[tuple[int, tuple[int, ...]]]]] = []
+        for row, keys in new.values():
+            for k in range(0, len(keys), self.branch_tokens):
+                work.append((row, keys[k:k + self.branch_tokens]))
+        # Forwards of at most branch_tokens padded tokens: the largest first, each row's pieces in
+        # order (a later piece's ancestors are in an earlier one).
+        work.sort(key=lambda w: -len(w[1]))           # stable: a row's pieces stay in order
+        while work:
+            group, rest, held = [], [], set()
+            for row, keys in work:
+                if id(row) in held or (group and not _joins(len(group), len(group[0][1]), len(keys), self.branch_tokens)):
+                    rest.append((row, keys))
+                else:
+                    group.append((row, keys))
+                held.add(id(row))                        # one piece of a row a forward, in order
+            self._grow(group)
+            work = rest
         head = self.model.get_output_embeddings()
+        out: list[list[list[float]]] = []
+        flat = [(row, at, path, ask) for row, (_, nodes) in zip(rows, asks) for at, path, ask in nodes]
+        lps: list[list[float]] = []
         with torch.inference_mode():
-            for a in range(0, len(nodes), HEAD_ROWS):
-                lp = tempered_logprobs(head(states[a:a + HEAD_ROWS]), self.sampling)
-                out += [lp[r, list(ask)].tolist() if ask else [] for r, (_, _, ask) in enumerate(nodes[a:a + HEAD_ROWS])]
+            for a in range(0, len(flat), HEAD_ROWS):
+                part = flat[a:a + HEAD_ROWS]
+                states = torch.stack([row.tree[(at, tuple(path))][1] for row, at, path, _ in part])
+                lp = tempered_logprobs(head(states), self.sampling)
+                lps += [lp[r, list(ask)].tolist() if ask else [] for r, (_, _, _, ask) in enumerate(part)]
+        i = 0
+        for _, nodes in asks:
+            out.append(lps[i:i + len(nodes)])
+            i += len(nodes)
         return out
 
-    def _grow(self, keys: Sequence[tuple[int, tuple[int, ...]]]) -> None:
-        """Forward each key's last token (its ancestors are in the tree or earlier in keys) and keep it."""
+    def _grow(self, group: Sequence[tuple[_Row, Sequence[tuple[int, tuple[int, ...]]]]]) -> None:
+        """Forward each key's last token (its ancestors are in its row's tree or earlier in its keys)
+        and keep it in that row's cache. One row: on its own cache. Several: their caches copied
+        into a right-padded batch, each row's new tokens after the widest (a 4D tree mask), then
+        appended to each row's own cache."""
         import torch
+        from transformers.cache_utils import DynamicCache
 
-        _, cache, _ = self._base
-        width = cache.get_seq_length()
-        m = len(keys)
-        local = {key: width + o for o, key in enumerate(keys)}
-        allow = torch.zeros((m, width + m), dtype=torch.bool)
-        for o, (at, path) in enumerate(keys):
-            allow[o, :at] = True
-            for j in range(1, len(path)):
-                anc = (at, path[:j])
-                allow[o, self._tree[anc][0] if anc in self._tree else local[anc]] = True
-            allow[o, width + o] = True
         dev, dtype = self.device, next(self.model.parameters()).dtype
-        mask = torch.zeros((1, 1, m, width + m), dtype=dtype)
-        mask.masked_fill_(~allow[None, None], torch.finfo(dtype).min)
-        x = torch.tensor([[path[-1] for _, path in keys]], dtype=torch.long, device=dev)
-        pos = torch.tensor([[at + len(path) - 1 for at, path in keys]], device=dev)
-        with torch.inference_mode():
-            h = self.model.get_decoder()(input_ids=x, attention_mask=mask.to(dev), position_ids=pos,
-                                         cache=cache, use_cache=True).last_hidden_state[0]
-        for o, key in enumerate(keys):
-            self._tree[key] = (width + o, h[o])
+        widths = [row.cache.get_seq_length() for row, _ in group]
+        width = max(widths)
+        m = max(len(keys) for _, keys in group)
+        allow = torch.zeros((len(group), m, width + m), dtype=torch.bool)
+        x = torch.zeros((len(group), m), dtype=torch.long)
+        pos = torch.zeros((len(group), m), dtype=torch.long)
+        for r, (row, keys) in enumerate(group):
+            local = {key: width + o for o, key in enumerate(keys)}
+            for o, (at, path) in enumerate(keys):
+                allow[r, o, :at] = True
+                for j in range(1, len(path)):
+                    anc = (at, path[:j])
+                    allow[r, o, row.tree[anc][0] if anc in row.tree else local[anc]] = True
+                x[r, o] = path[-1]
+                pos[r, o] = at + len(path) - 1
+            for o in range(m):
+                allow[r, o, width + o] = True        # padding attends to itself alone
+        mask = torch.zeros((len(group), 1, m, width + m), dtype=dtype)
+        mask.masked_fill_(~allow[:, None], torch.finfo(dtype).min)
+        cache = group[0][0].cache if len(group) == 1 else _stack([row.cache for row, _ in group], widths, width,
+                                                                 self.model.config)
+        with torch.inference_mode(), _gqa_in_sdpa():
+            h = self.model.get_decoder()(input_ids=x.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                                         cache=cache, use_cache=True).last_hidden_state
+            for r, (row, keys) in enumerate(group):
+                if len(group) > 1:
+                    for li, layer in enumerate(cache.layers):
+                        row.cache.update(layer.keys[r:r + 1, :, width:width + len(keys)].clone(),
+                                         layer.values[r:r + 1, :, width:width + len(keys)].clone(), li)
+                for o, key in enumerate(keys):
+                    row.tree[key] = (widths[r] + o, h[r, o])
         self.counters.forwards += 1
-        self.counters.tokens += m
+        self.counters.tokens += len(group) * m
 
-    def _branch_forward(self, group: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
+    def _branch_forward(self, row: _Row, group: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
         """One tree-masked pass over every branch's tokens but its last: token 0 of a branch is
         predicted by the base's state at at-1, token i by the branch's token i-1, so the last
         token's own state is never needed (forwarding it cost a third of the window tokens)."""
         import torch
 
-        _, cache, base_h = self._base
+        cache, base_h = row.cache, row.h
         n = base_h.shape[0]
         fed: list[int] = []              # the tokens forwarded: each branch without its last
         pos: list[int] = []
@@ -411,9 +525,10 @@ class HFScorer:
                 mask = torch.zeros((1, 1, m, n + m), dtype=dtype)
                 mask.masked_fill_(~allow[None, None], torch.finfo(dtype).min)
                 x = torch.tensor([fed], dtype=torch.long, device=dev)
-                h = self.model.get_decoder()(input_ids=x, attention_mask=mask.to(dev),
-                                             position_ids=torch.tensor([pos], device=dev),
-                                             cache=cache, use_cache=True).last_hidden_state[0]
+                with _gqa_in_sdpa():
+                    h = self.model.get_decoder()(input_ids=x, attention_mask=mask.to(dev),
+                                                 position_ids=torch.tensor([pos], device=dev),
+                                                 cache=cache, use_cache=True).last_hidden_state[0]
                 cache.crop(-m)               # the base stays cached for the next group (crop takes -tokens)
                 self.counters.forwards += 1
                 self.counters.tokens += m
@@ -425,6 +540,88 @@ class HFScorer:
             out.append(lps[i:i + k])
             i += k
         return out
+
+
+# A row joins a padded forward whose widest row has `first` new tokens when it pads by at most this
+# many: on this CPU a forward costs ~45 ms before its tokens (~3.3 ms each), so padding a row by
+# more than ~12 tokens costs more than a forward of its own.
+PAD_SLACK = 12
+
+
+def _joins(count: int, first: int, size: int, budget: int) -> bool:
+    """Whether a row of `size` new tokens joins a group of `count` rows led by one of `first`
+    (the group is filled largest first): little padding, and the batch within `budget` tokens."""
+    return first - size <= PAD_SLACK and (count + 1) * first <= budget
+
+
+class _Row:
+    """A cached base: its ids, its KV cache (the base's columns, then score_nodes' trie columns) and
+    its last hidden states; `tree`: (at, path) -> (its column in the cache, its state)."""
+
+    def __init__(self, ids: tuple[int, ...], cache: Any, h: Any):
+        self.ids, self.cache, self.h = ids, cache, h
+        self.tree: dict[tuple[int, tuple[int, ...]], tuple[int, Any]] = {}
+
+    def drop_tree(self) -> None:
+        """Cut the trie's columns off the cache, so it holds the base alone again."""
+        if self.tree:
+            self.cache.crop(len(self.ids) - self.cache.get_seq_length())    # crop takes minus the tokens to drop
+        self.tree = {}
+
+
+@contextlib.contextmanager
+def _gqa_in_sdpa() -> Any:
+    """Grouped-query attention inside SDPA (enable_gqa) for the forwards on a cached prefix: with a
+    mask, transformers otherwise copies every cached key and value once per query-head group
+    (`repeat_kv`) in every layer of every forward, which cost a third of a node round on this CPU
+    (20 rows x 16 nodes on ~300 cached tokens: 2.8 s -> 1.8 s). Its switch is an environment
+    variable read at each call (integrations/sdpa_attention.py, TRANSFORMERS_SDPA_FORCE_GQA); it is
+    set only around these forwards, so the base pass (the hidden stage's prefill) is untouched."""
+    import os
+
+    old = os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]
+        else:
+            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = old
+
+
+def _stack(caches: Sequence[Any], widths: Sequence[int], width: int, config: Any) -> Any:
+    """A DynamicCache of batch len(caches): row r holds caches[r]'s first widths[r] columns (None:
+    nothing), right-padded to `width` with zeros (masked by the caller)."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    ref = next(c for c in caches if c is not None) if any(c is not None for c in caches) else None
+    out = DynamicCache(config=config)
+    if ref is None:
+        return out
+    for li, layer in enumerate(ref.layers):
+        shape = (len(caches), layer.keys.shape[1], width, layer.keys.shape[3])
+        keys = layer.keys.new_zeros(shape)
+        values = layer.values.new_zeros(shape)
+        for r, (c, w) in enumerate(zip(caches, widths)):
+            if c is not None and w:
+                keys[r, :, :w] = c.layers[li].keys[0, :, :w]
+                values[r, :, :w] = c.layers[li].values[0, :, :w]
+        out.update(keys, values, li)
+    return out
+
+
+def _unstack(batch: Any, r: int, spans: Sequence[tuple[int, int]], config: Any) -> Any:
+    """A DynamicCache of batch 1: row r of `batch`, its columns [a, b) of each span, in order."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    out = DynamicCache(config=config)
+    for li, layer in enumerate(batch.layers):
+        out.update(torch.cat([layer.keys[r:r + 1, :, a:b] for a, b in spans], dim=2).clone(),
+                   torch.cat([layer.values[r:r + 1, :, a:b] for a, b in spans], dim=2).clone(), li)
+    return out
 
 
 # ---------------------------------------------------------------- engines over HTTP (top-k raw)
@@ -521,8 +718,15 @@ class _HTTPScorer:
         self.top_logprobs, self.post, self.concurrency = top_logprobs, post, max(1, concurrency)
         self.counters = Counters()
 
-    def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None) -> Scored:
+    def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None,
+              replace: Sequence[int] | None = None) -> Scored:
         return self.score_rows([(ids, start, ask)])[0]
+
+    def score_many(self, asks: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None,
+                                              Sequence[int] | None]]) -> list[Scored]:
+        """Several rows' next bases, their requests in flight together (the engine reuses what it
+        cached of each; `replace` means nothing here)."""
+        return self.score_rows([(ids, start, ask) for ids, start, ask, _ in asks])
 
     def score_rows(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]]) -> list[Scored]:
         for ids, start, _ in rows:
@@ -554,16 +758,24 @@ class _HTTPScorer:
                     ) -> list[list[float]]:
         """One request per node: base[:at] + path + its first asked id, the last position's answer
         tempered for every asked id (an id below the engine's top k: -inf, as in `score`)."""
-        base = list(base)
-        asks = [(base[:at] + list(path) + [ask[0]], at + len(path)) for at, path, ask in nodes if ask]
-        answers = iter(self._checked_many(asks))
+        return self.score_nodes_many([(base, nodes)])[0]
+
+    def score_nodes_many(self, asks: Sequence[tuple[Sequence[int], Sequence[tuple[int, Sequence[int], Sequence[int]]]]]
+                         ) -> list[list[list[float]]]:
+        """`score_nodes` of several rows, every node's request in flight together."""
+        reqs = [(list(base)[:at] + list(path) + [ask[0]], at + len(path))
+                for base, nodes in asks for at, path, ask in nodes if ask]
+        answers = iter(self._checked_many(reqs))
         out = []
-        for _, _, ask in nodes:
-            if not ask:
-                out.append([])
-                continue
-            t = temper(next(answers)[-1], self.sampling, list(ask))
-            out.append([t[i] for i in ask])
+        for _, nodes in asks:
+            mine = []
+            for _, _, ask in nodes:
+                if not ask:
+                    mine.append([])
+                    continue
+                t = temper(next(answers)[-1], self.sampling, list(ask))
+                mine.append([t[i] for i in ask])
+            out.append(mine)
         return out
 
     def _checked_many(self, asks: Sequence[tuple[list[int], int]]) -> list[list[RawPosition]]:

@@ -30,7 +30,8 @@ token other than C's at a boundary. So:
    that holds them), so search_tokens is spent best first; windows whose max-marginal falls far
    below a split known exactly leave the rounds (PRUNE_SLACK). Without a usable bill the length
    is free (flag `no_bill`). Where search_tokens runs out first, the choice is made among the
-   scored windows and the row says so (`Outcome.capped`).
+   scored windows and the row says so (`Outcome.capped`). The searches of a base-pass batch run
+   in step (`_drive`): every row's round of nodes is one forward (`Scorer.score_nodes_many`).
 4. The contenders are re-scored exactly: their ids from the first edit on, against the cached
    prefix, so the margins are full-sequence log-likelihood differences, not the sum of local
    deltas (windows interact when close). The winner's re-score is the next pass's base.
@@ -50,12 +51,12 @@ search_tokens).
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import functools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence
 
 from draftgate.config import RepairParams
 from draftgate.repair.score import Scored, Scorer
@@ -166,21 +167,87 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
     the model copies once it has made it) are found; a pass that keeps its base ends the search.
     `base`: the first pass's scores of prompt + completion, when a batched call made them
     (`search_rows`); else the search scores it."""
+    return _drive([_search(prompt, completion, target_len, vocab, params, base)], scorer)[0]
+
+
+# A search is a generator of scorer calls: it yields (phase, method, args) and is sent the answer,
+# so search_rows can run the searches of a batch's rows in step and answer a step's calls of one
+# kind together (Scorer.score_nodes_many, score_many: one forward for every row's round).
+_Call = tuple[str, str, tuple]
+_Search = Generator[_Call, Any, "Outcome"]
+
+# The batched form of a scorer method, where the scorer has it: [args] -> [answer].
+_MANY = {"score_nodes": "score_nodes_many", "score": "score_many"}
+
+
+def _weight(method: str, args: tuple) -> float:
+    """A call's share of a batched forward's cost: its nodes (score_nodes), else one."""
+    return float(max(1, len(args[1]))) if method == "score_nodes" else 1.0
+
+
+def _drive(searches: Sequence[_Search], scorer: Scorer) -> list[Outcome]:
+    """Run searches to their Outcomes, in step: each step answers every waiting call, those of a
+    method with a batched form in one call, and charges each search its share of the cost (the
+    scorer's forwards, tokens and seconds, by _weight) in its Outcome.phases."""
+    searches = list(searches)
+    done: list[Outcome | None] = [None] * len(searches)
+    waiting: dict[int, _Call] = {}
+    phases: list[dict[str, list[float]]] = [{} for _ in searches]
+
+    def send(i: int, answer: Any) -> None:
+        try:
+            waiting[i] = searches[i].send(answer)
+        except StopIteration as stop:
+            out = stop.value
+            for phase, acc in phases[i].items():
+                mine = out.phases.setdefault(phase, [0.0, 0.0, 0.0])
+                for j in range(3):
+                    mine[j] += acc[j]
+            out.forwards = sum(v[0] for v in out.phases.values())
+            out.tokens = sum(v[1] for v in out.phases.values())
+            done[i] = out
+
+    for i in range(len(searches)):
+        send(i, None)
+    while waiting:
+        step, waiting = waiting, {}
+        by_method: dict[str, list[int]] = {}
+        for i, (_, method, _) in step.items():
+            by_method.setdefault(method, []).append(i)
+        answers: dict[int, Any] = {}
+        for method, ids in by_method.items():
+            many = getattr(scorer, _MANY.get(method, ""), None)
+            c = scorer.counters
+            f, t, s = c.forwards, c.tokens, time.perf_counter()
+            if many is not None and len(ids) > 1:
+                answers.update(zip(ids, many([step[i][2] for i in ids])))
+            else:
+                answers.update((i, getattr(scorer, method)(*step[i][2])) for i in ids)
+            cost = (c.forwards - f, c.tokens - t, time.perf_counter() - s)
+            weights = [_weight(method, step[i][2]) for i in ids]
+            for i, w in zip(ids, weights):
+                acc = phases[i].setdefault(step[i][0], [0.0, 0.0, 0.0])
+                for j in range(3):
+                    acc[j] += cost[j] * w / sum(weights)
+        for i in sorted(answers):
+            send(i, answers[i])
+    return done      # type: ignore[return-value]
+
+
+def _search(prompt: Sequence[int], completion: Sequence[int], target_len: int | None, vocab: Vocab,
+            params: RepairParams, base: Scored | None = None) -> _Search:
     canon = list(completion)
-    f0, t0 = scorer.counters.forwards, scorer.counters.tokens
     no_bill = target_len is None
     out = Outcome(ids=canon, status="kept", reason=None, no_bill=no_bill, target_len=target_len,
                   margin_runner_up=None, margin_canonical=None, confidence=None, confidence_hi=None, candidates=0, forwards=0,
                   tokens=0)
-    clock = _Clock(scorer, out.phases)
     prompt = list(prompt)
     ids, known = canon, {}
     if base is None:
-        with clock("base"):
-            base = scorer.score(prompt + canon, len(prompt), alternatives(canon, vocab))
+        base = yield ("base", "score", (prompt + canon, len(prompt), alternatives(canon, vocab)))
     total_canon = ll = None
     for k in range(params.passes):
-        r = _pass(prompt, ids, base, target_len, scorer, vocab, params, known, clock, k)
+        r = yield from _pass(prompt, ids, base, target_len, vocab, params, known, k)
         out.candidates += r.candidates
         out.nodes += r.nodes
         out.passes = k + 1
@@ -190,7 +257,7 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
         if not r.ranked:
             if k == 0:
                 out.reason = "budget" if r.truncated else "no_candidate"
-                return _counted(out, scorer, f0, t0)
+                return out
             break                       # no admissible alternative to the base: it stands
         ll = r.ranked[0][0]
         out.margin_runner_up = ll - r.ranked[1][0] if len(r.ranked) > 1 else None
@@ -219,7 +286,7 @@ def search(prompt: Sequence[int], completion: Sequence[int], target_len: int | N
     else:
         out.ids, out.status = ids, "repaired"
         out.edits = _edits(canon, ids)
-    return _counted(out, scorer, f0, t0)
+    return out
 
 
 def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]], scorer: Scorer, vocab: Vocab,
@@ -245,9 +312,18 @@ def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]],
                                      alternatives(rows[i][1], vocab)) for i in chunk])
         share = [(scorer.counters.forwards - f0) / len(chunk), (scorer.counters.tokens - t0) / len(chunk),
                  (time.perf_counter() - c0) / len(chunk)]
-        for i, s in zip(chunk, scored):
-            prompt, completion, target = rows[i]
-            out = search(prompt, completion, target, scorer, vocab, params, base=s)
+        # The batch's searches run in step (_drive): a round of every row is one forward. A row
+        # that repeats an earlier one of the batch (the same prompt, ids and bill) is searched once.
+        first: dict[tuple, int] = {}
+        for i in chunk:
+            first.setdefault((tuple(rows[i][0]), tuple(rows[i][1]), rows[i][2]), i)
+        lead = [(i, s) for i, s in zip(chunk, scored) if first[(tuple(rows[i][0]), tuple(rows[i][1]), rows[i][2])] == i]
+        outs = dict(zip([i for i, _ in lead],
+                        _drive([_search(rows[i][0], rows[i][1], rows[i][2], vocab, params, base=s) for i, s in lead],
+                               scorer)))
+        for i in chunk:
+            j = first[(tuple(rows[i][0]), tuple(rows[i][1]), rows[i][2])]
+            out = outs[i] if i == j else _repeat(outs[j])
             out.phases["base"] = list(share)
             out.forwards += share[0]
             out.tokens += share[1]
@@ -261,6 +337,14 @@ def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]],
             nxt += 1
 
 
+def _repeat(out: Outcome) -> Outcome:
+    """The outcome of a row searched already in the same batch, for its twin: the same decision, no
+    search cost of its own."""
+    twin = copy.deepcopy(out)
+    twin.phases, twin.forwards, twin.tokens = {}, 0.0, 0.0
+    return twin
+
+
 def alternatives(ids: Sequence[int], vocab: Vocab) -> list[list[int]]:
     """Per position of ids: the ordinary ids other than ids[t] whose bytes are a prefix of the text
     that remains from t within its text span (special positions have none)."""
@@ -272,25 +356,6 @@ def alternatives(ids: Sequence[int], vocab: Vocab) -> list[list[int]]:
             alts[t] = [a for a in vocab.prefixes(text, o) if a != ids[t]]
             o += len(vocab.pieces[ids[t]])
     return alts
-
-
-class _Clock:
-    """Forwards, tokens and seconds per phase (base | windows | rescore) into Outcome.phases."""
-
-    def __init__(self, scorer: Scorer, phases: dict[str, list[float]]):
-        self.scorer, self.phases = scorer, phases
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        c = self.scorer.counters
-        f, t, s = c.forwards, c.tokens, time.perf_counter()
-        try:
-            yield
-        finally:
-            acc = self.phases.setdefault(phase, [0.0, 0.0, 0.0])
-            acc[0] += c.forwards - f
-            acc[1] += c.tokens - t
-            acc[2] += time.perf_counter() - s
 
 
 @dataclass
@@ -308,8 +373,8 @@ class _Pass:
     nodes: int = 0                                     # trie nodes scored
 
 
-def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int | None, scorer: Scorer,
-          vocab: Vocab, params: RepairParams, known: dict, clock: _Clock, k: int = 0) -> _Pass:
+def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int | None, vocab: Vocab,
+          params: RepairParams, known: dict, k: int = 0) -> Generator[_Call, Any, _Pass]:
     """One pass around `canon` (the base: the canonical ids, or the previous pass's choice) whose
     scores are `scored`.
 
@@ -382,13 +447,12 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
 
     got: dict[tuple[int, tuple[int, ...]], dict[int, float]] = {}     # trie node -> its scores
 
-    def score(nodes: list[tuple[int, tuple[int, ...]]]) -> None:
+    def score(nodes: list[tuple[int, tuple[int, ...]]]) -> Generator[_Call, Any, None]:
         # One call (one tree-masked forward in process) for the round's nodes; every window at a
         # node advances by the tokens scored for it, and waits at its next node or is done.
         nonlocal candidates, spent
         asks = [sorted(children[n]) for n in nodes]
-        with clock("windows"):
-            results = scorer.score_nodes(base, [(p0 + at, list(path), ask) for (at, path), ask in zip(nodes, asks)])
+        results = yield ("windows", "score_nodes", (base, [(p0 + at, list(path), ask) for (at, path), ask in zip(nodes, asks)]))
         spent += len(nodes)
         for n, ask, lps in zip(nodes, asks, results):
             got[n] = dict(zip(ask, lps))
@@ -483,7 +547,7 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         # their bare bound, which ignores whether a split at the bill's length can hold them.
         # So the search_tokens cap is spent best-first, on windows that could still win.
         rest = sorted((k for k in active if k not in value and mm[k] > -math.inf), key=lambda k: (-mm[k], k))
-        score(next_nodes(rest, min(room, max(params.round_tokens, len(taken))), taken))
+        yield from score(next_nodes(rest, min(room, max(params.round_tokens, len(taken))), taken))
         prune(mm)
     # The decision is made; the rest only sharpens the confidence: unscored windows that could
     # sit in a split within confidence_nats of the best (by their bounds) are scored, so the mass
@@ -506,7 +570,7 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
                       key=lambda k: (-mm[k], k))
         if not todo:
             break
-        score(next_nodes(todo, min(params.search_tokens - spent, params.round_tokens), []))
+        yield from score(next_nodes(todo, min(params.search_tokens - spent, params.round_tokens), []))
         prune(mm)
 
     total = sum(lp)
@@ -535,14 +599,12 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             others.append(edits)
     if others:
         firsts = [edits[0].start for edits in others]
-        with clock("rescore"):
-            tails = scorer.score_branches(base, [(p0 + f, _apply(canon, e)[f:]) for f, e in zip(firsts, others)])
+        tails = yield ("rescore", "score_branches", (base, [(p0 + f, _apply(canon, e)[f:]) for f, e in zip(firsts, others)]))
         ranked += [(sum(lp[:f]) + sum(max(v, FLOOR) for v in tail), e) for f, e, tail in zip(firsts, others, tails)]
     nxt = None
     if sols and sols[0]:
         ids = _apply(canon, sols[0])
-        with clock("rescore"):
-            nxt = scorer.score(prompt + ids, p0, alternatives(ids, vocab))
+        nxt = yield ("rescore", "score", (prompt + ids, p0, alternatives(ids, vocab), base))
         ranked.append((sum(max(v, FLOOR) for v in nxt.logprobs), sols[0]))
     ranked.sort(key=lambda x: -x[0])
     ranked = ranked[:1] + sorted(ranked[1:] + behind, key=lambda x: -x[0])
@@ -556,8 +618,8 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             out.next_base = nxt
         else:
             # The exact re-score reversed the local order: the runner-up wins; score it as a base.
-            with clock("rescore"):
-                out.next_base = scorer.score(prompt + out.next_ids, p0, alternatives(out.next_ids, vocab))
+            out.next_base = yield ("rescore", "score", (prompt + out.next_ids, p0, alternatives(out.next_ids, vocab),
+                                                         prompt + ids))
         first = win[0].start
         out.carry = {(w.start, w.end, w.ids): value[k] for k, w in enumerate(windows)
                      if k in value and w.end + la <= first}
@@ -575,11 +637,6 @@ def _edits(canon: Sequence[int], ids: Sequence[int]) -> list[Window]:
 
 def decodes_to(ids: Sequence[int], text: bytes, vocab: Vocab) -> bool:
     return vocab.bytes_of(ids) == text
-
-
-def _counted(out: Outcome, scorer: Scorer, f0: int, t0: int) -> Outcome:
-    out.forwards, out.tokens = scorer.counters.forwards - f0, scorer.counters.tokens - t0
-    return out
 
 
 def _windows(text: bytes, offs: dict[int, int], at: int, path: list[int], vocab: Vocab,
@@ -651,6 +708,23 @@ def _events(n: int, windows: Sequence[Window], by_start: dict[int, list[int]]) -
     return sorted(pts)
 
 
+def _reach(events: Sequence[int], windows: Sequence[Window], by_start: dict[int, list[int]]
+           ) -> dict[int, tuple[int, int]]:
+    """Per event position i: the least and the most total length change the windows from i on can
+    still add (ignoring overlaps, so a superset). A programme state at i whose change d cannot
+    reach the bill (want - d outside that range) can never end at it: the programmes drop it,
+    which changes no answer and spares most of their work on rows whose bill is near the base."""
+    out: dict[int, tuple[int, int]] = {}
+    lo = hi = 0
+    for i in reversed(events):
+        for k in by_start.get(i, ()):
+            w = windows[k]
+            a, b = out[w.end]
+            lo, hi = min(lo, a + w.length_change), max(hi, b + w.length_change)
+        out[i] = (lo, hi)
+    return out
+
+
 def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int | None,
           max_delta: int, keep: int = 2) -> list[tuple[float, tuple[int, ...]]]:
     """The `keep` best sets of disjoint windows (score, indices): total length change == want
@@ -675,7 +749,9 @@ def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int |
                 cur.pop()
 
     carry: dict[int, list[tuple[float, tuple[int, ...]]]] = {0: [(0.0, ())]}
-    for i in _events(n, windows, by_start):
+    events = _events(n, windows, by_start)
+    reach = _reach(events, windows, by_start) if want is not None else None
+    for i in events:
         here = states.pop(i, {})
         for d, entries in carry.items():
             for e in entries:
@@ -684,9 +760,10 @@ def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int |
             w, v = windows[k], value[k]
             to = states.setdefault(w.end, {})
             lc = w.length_change
+            lo, hi = reach[w.end] if reach is not None else (-2 * max_delta, 2 * max_delta)
             for d, entries in here.items():
                 e = d + lc
-                if -max_delta <= e <= max_delta:
+                if -max_delta <= e <= max_delta and (reach is None or lo <= want - e <= hi):
                     for score, sol in entries:
                         offer(to, e, score + v, sol + (k,))
         carry = here
@@ -701,6 +778,7 @@ def _max_marginals(n: int, windows: Sequence[Window], value: Sequence[float], wa
     (best from each position for each change still to make)."""
     by_start = _by_start(windows, value)
     events = _events(n, windows, by_start)
+    reach = _reach(events, windows, by_start) if want is not None else None
     fwd: dict[int, dict[int, float]] = {}
     arriving: dict[int, dict[int, float]] = {}
     carry: dict[int, float] = {0: 0.0}
@@ -713,9 +791,10 @@ def _max_marginals(n: int, windows: Sequence[Window], value: Sequence[float], wa
         for k in by_start.get(i, ()):
             w = windows[k]
             to = arriving.setdefault(w.end, {})
+            lo, hi = reach[w.end] if reach is not None else (0, 0)
             for d, v in here.items():
                 e = d + w.length_change
-                if abs(e) <= max_delta and v + value[k] > to.get(e, -math.inf):
+                if abs(e) <= max_delta and (reach is None or lo <= want - e <= hi) and v + value[k] > to.get(e, -math.inf):
                     to[e] = v + value[k]
         carry = here
     bwd: dict[int, dict[int, float]] = {}
@@ -759,15 +838,20 @@ def _log_mass(n: int, windows: Sequence[Window], value: Sequence[float], want: i
             at[d] = v if cur is None else max(cur, v) + math.log1p(math.exp(-abs(cur - v)))
 
     carry: dict[int, float] = {0: 0.0}
-    for i in _events(n, windows, by_start):
+    events = _events(n, windows, by_start)
+    reach = _reach(events, windows, by_start) if want is not None else None
+    for i in events:
         here = states.pop(i, {})
         for d, v in carry.items():
             add(here, d, v)
         for k in by_start.get(i, ()):
             w = windows[k]
             to = states.setdefault(w.end, {})
+            lo, hi = reach[w.end] if reach is not None else (0, 0)
             for d, v in here.items():
-                add(to, d + w.length_change, v + value[k])
+                e = d + w.length_change
+                if reach is None or lo <= want - e <= hi:
+                    add(to, e, v + value[k])
         carry = here
     if want is not None:
         return carry.get(want, -math.inf)
