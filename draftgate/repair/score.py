@@ -573,8 +573,9 @@ class _Row:
 def _gqa_in_sdpa() -> Any:
     """Grouped-query attention inside SDPA (enable_gqa) for the forwards on a cached prefix: with a
     mask, transformers otherwise copies every cached key and value once per query-head group
-    (`repeat_kv`) in every layer of every forward, which cost a third of a node round on this CPU
-    (20 rows x 16 nodes on ~300 cached tokens: 2.8 s -> 1.8 s). Its switch is an environment
+    (`repeat_kv`) in every layer of every forward: a third of a node round of 20 rows x 16 nodes
+    on ~300 cached tokens on this CPU (2.8 s -> 1.8 s), though inside the noise of a whole bench
+    (docs/repair.md, "Measured"). Its switch is an environment
     variable read at each call (integrations/sdpa_attention.py, TRANSFORMERS_SDPA_FORCE_GQA); it is
     set only around these forwards, so the base pass (the hidden stage's prefill) is untouched."""
     import os
