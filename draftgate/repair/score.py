@@ -261,9 +261,23 @@ class HFScorer:
         prefix and its own earlier new tokens (a 4D mask). The old rows stay as they were (their
         trie columns after the base are never copied). Returns each row's hidden states over ids."""
         import torch
+        from transformers.cache_utils import DynamicCache
 
         dev, dtype = self.device, next(self.model.parameters()).dtype
         commons = [common if row is not None else 0 for _, row, common in jobs]
+        if len(jobs) == 1:
+            # One row: a plain causal forward on a copy of its prefix, no mask, as a row alone has
+            # always been scored (the same kernels as the base pass and the hidden stage).
+            (ids, row, _), c = jobs[0], commons[0]
+            cache = _stack([row.cache], [c], c, self.model.config) if c else DynamicCache(config=self.model.config)
+            h_new = self.model.get_decoder()(input_ids=torch.tensor([ids[c:]], dtype=torch.long, device=dev),
+                                             position_ids=torch.arange(c, len(ids), device=dev)[None],
+                                             cache=cache, use_cache=True).last_hidden_state[0]
+            h = torch.cat([row.h[:c], h_new]) if c else h_new
+            self.counters.forwards += 1
+            self.counters.tokens += len(ids) - c
+            self._rows[tuple(ids)] = _Row(tuple(ids), cache, h)
+            return [h]
         width = max(commons)
         m = max(len(ids) - c for (ids, _, _), c in zip(jobs, commons))
         batch = _stack([row.cache if row is not None else None for _, row, _ in jobs], commons, width,
@@ -287,10 +301,7 @@ class HFScorer:
         out = []
         for r, ((ids, row, _), c) in enumerate(zip(jobs, commons)):
             k = len(ids) - c
-            if len(jobs) == 1:
-                cache = batch                   # one row: the batch is its prefix and its new tokens
-            else:
-                cache = _unstack(batch, r, [(0, c), (width, width + k)], self.model.config)
+            cache = _unstack(batch, r, [(0, c), (width, width + k)], self.model.config)
             hr = torch.cat([row.h[:c], h[r, :k]]) if c else h[r, :k]
             self._rows[tuple(ids)] = _Row(tuple(ids), cache, hr)
             out.append(hr)
