@@ -210,10 +210,11 @@ def test_vllms_raw_prompt_logprobs_equal_the_in_process_scorers(engine, lm):
     served = VllmScorer(engine.root_url, SERVED_NAME, Sampling(1.0)).score(ids, 1).logprobs
     ours = HFScorer(lm.model, Sampling(1.0)).score(ids, 1).logprobs
     # float32 on both sides, different kernels and thread counts (vLLM's CPU attention, torch's
-    # sdpa under OMP_NUM_THREADS=1): the difference grows with |logprob| (a log-sum-exp over 49,152
-    # logits): 3.0e-5 at -13.8 (relative 3.2e-6) seen here, 5.3e-6 by the run. A wrong
-    # position or token would be off by nats.
-    assert served == pytest.approx(ours, rel=1e-5, abs=1e-5)
+    # sdpa under OMP_NUM_THREADS=1), and the kernels differ by CPU: 3.0e-5 at -13.8 seen on one
+    # machine, 5.3e-6 by the run, 2.1e-5 at -1.82 on another (where 1e-5 failed, at every
+    # commit). The bound is set by what the check is for: a wrong position or token is off by nats,
+    # so 5e-4 is three orders of magnitude inside that and outside any CPU's rounding seen.
+    assert len(served) == len(ours) and max(abs(a - b) for a, b in zip(served, ours)) < 5e-4
 
 
 def test_a_repair_search_through_vllm_decides_as_the_in_process_one(engine, lm):
