@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  row {index[k]}: {out.status} {out.reason} passes={out.passes} fw={out.forwards:.1f} "
                   f"tok={out.tokens:.0f} cand={out.candidates} exact={out.ids == r['truth']} differs={differs} "
                   f"margins={out.margin_runner_up and round(out.margin_runner_up, 2)},"
-                  f"{out.margin_canonical and round(out.margin_canonical, 2)} conf={out.confidence and round(out.confidence, 3)}",
+                  f"{out.margin_canonical and round(out.margin_canonical, 2)} conf={out.confidence and round(out.confidence, 3)} "
+                  f"nodes={out.nodes} tokens_by_phase={ {ph: round(v[1]) for ph, v in out.phases.items()} }",
                   file=sys.stderr, flush=True)
         forwards += out.forwards
         tokens += out.tokens
