@@ -53,15 +53,3 @@ def kimi_standin_tok(qwen3_tok):
 
     return kimi_standin(qwen3_tok)
 
-
-# The longest files start first (make test runs `-n 2 --dist loadfile`: a file is one unit of
-# work, handed out in collection order). A long file handed out last would run alone while the
-# other worker idles: test_pipeline.py's repro alone is ~3 minutes of the ~10.
-LONGEST_FIRST = ("test_pipeline.py", "test_engine_eval.py", "test_engine_vllm.py", "test_engine_hidden.py",
-                 "test_eval_loop.py", "test_eval_gate.py", "test_serve.py", "test_drafter_train.py",
-                 "test_pipeline_stops.py", "test_repair_search.py", "test_lineage_experiments.py")
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))    # stable: a file keeps its order
