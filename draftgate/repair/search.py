@@ -756,10 +756,15 @@ def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int |
     events = _events(n, windows, by_start)
     reach = _reach(events, windows, by_start) if want is not None else None
     for i in events:
-        here = states.pop(i, {})
-        for d, entries in carry.items():
-            for e in entries:
-                offer(here, d, e[0], e[1])
+        here = states.pop(i, None)
+        if here is None:
+            here = carry                 # nothing ends here: the states carry over as they are
+        else:
+            # What arrives here, then what carries over: a stable sort keeps the first offered of
+            # equal scores, as offer does (the states are never changed once past).
+            for d, entries in carry.items():
+                cur = here.get(d)
+                here[d] = list(entries) if cur is None else sorted(cur + entries, key=lambda e: -e[0])[:keep]
         for k in by_start.get(i, ()):
             w, v = windows[k], value[k]
             to = states.setdefault(w.end, {})
@@ -812,16 +817,22 @@ def _max_marginals(n: int, windows: Sequence[Window], value: Sequence[float], wa
                 if abs(c) <= 2 * max_delta and v + value[k] > cur.get(c, -math.inf):
                     cur[c] = v + value[k]
         bwd[i] = carry = cur
-    out = []
-    for k, w in enumerate(windows):
-        best = -math.inf
-        if value[k] > -math.inf:
+    out = [-math.inf] * len(windows)
+    for ks in by_start.values():                 # the possible windows only
+        for k in ks:
+            w, vk, best = windows[k], value[k], -math.inf
             rest = bwd[w.end]
-            for d, v in fwd[w.start].items():
-                tail = (rest.get(want - d - w.length_change, -math.inf) if want is not None
-                        else max(rest.values(), default=-math.inf))
-                best = max(best, v + value[k] + tail)
-        out.append(best)
+            if want is None:
+                tail = max(rest.values(), default=-math.inf)
+                for v in fwd[w.start].values():
+                    best = max(best, v + vk + tail)
+            else:
+                need = want - w.length_change
+                for d, v in fwd[w.start].items():
+                    tail = rest.get(need - d)
+                    if tail is not None:
+                        best = max(best, v + vk + tail)
+            out[k] = best
     return out
 
 
@@ -845,9 +856,12 @@ def _log_mass(n: int, windows: Sequence[Window], value: Sequence[float], want: i
     events = _events(n, windows, by_start)
     reach = _reach(events, windows, by_start) if want is not None else None
     for i in events:
-        here = states.pop(i, {})
-        for d, v in carry.items():
-            add(here, d, v)
+        here = states.pop(i, None)
+        if here is None:
+            here = carry                 # nothing ends here: the states carry over as they are
+        else:
+            for d, v in carry.items():
+                add(here, d, v)
         for k in by_start.get(i, ()):
             w = windows[k]
             to = states.setdefault(w.end, {})
