@@ -52,4 +52,3 @@ def kimi_standin_tok(qwen3_tok):
     from standin import kimi_standin
 
     return kimi_standin(qwen3_tok)
-
