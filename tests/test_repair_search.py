@@ -85,10 +85,12 @@ def test_the_posterior_mass_sums_every_set_of_disjoint_windows_at_the_bills_leng
     import itertools
     import math
 
-    # Six positions; windows overlap, change the length by -1, 0 or +1, one is impossible.
+    # Six positions; windows overlap, change the length by -1, 0 or +1, one is impossible; some
+    # share a span and a change of length (a shape, which the programmes step over as one).
     ws = [Window(0, 2, (1,)), Window(1, 2, (2, 3)), Window(1, 3, (4, 5, 6)), Window(3, 4, (7, 8)),
-          Window(4, 6, (9,)), Window(5, 6, (10, 11))]
-    vals = [-1.0, 0.5, -2.0, -0.25, -3.0, -math.inf]
+          Window(4, 6, (9,)), Window(5, 6, (10, 11)), Window(1, 3, (12, 13, 14)), Window(0, 2, (15,)),
+          Window(1, 3, (16, 17, 18)), Window(3, 4, (19, 20))]
+    vals = [-1.0, 0.5, -2.0, -0.25, -3.0, -math.inf, -0.5, -1.5, -4.0, -math.inf]
     for want in (-2, -1, 0, 1, 2, None):
         terms, sols = [], []
         for r in range(len(ws) + 1):

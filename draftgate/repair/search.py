@@ -701,19 +701,32 @@ def _contenders(best: list[tuple[float, tuple[int, ...]]], margin: float) -> lis
     return [sol for k, (v, sol) in enumerate(best) if k < 2 or v >= best[0][0] - margin]
 
 
-def _events(n: int, windows: Sequence[Window], by_start: dict[int, list[int]]) -> list[int]:
+def _shapes(windows: Sequence[Window], by_start: dict[int, list[int]]) -> dict[int, list[tuple[int, int, list[int]]]]:
+    """The possible windows at each start grouped by shape: (end, length change, [indices]). The
+    programmes treat the windows of a shape alike (the same span, the same change of length), so
+    their states step over shapes, not windows: a T 1.0 code row's ~1,000 possible windows are
+    ~200 shapes."""
+    out: dict[int, list[tuple[int, int, list[int]]]] = {}
+    for i, ks in by_start.items():
+        groups: dict[tuple[int, int], list[int]] = {}
+        for k in ks:
+            groups.setdefault((windows[k].end, windows[k].length_change), []).append(k)
+        out[i] = [(end, lc, members) for (end, lc), members in groups.items()]
+    return out
+
+
+def _events(n: int, shapes: dict[int, list[tuple[int, int, list[int]]]]) -> list[int]:
     """The positions where a programme's states can change: 0, n, and the possible windows' starts
     and ends. Between two of them the states only carry over, so the programmes step from one to
     the next (a row's 130 positions against the few dozen its live windows touch)."""
     pts = {0, n}
-    for i, ks in by_start.items():
+    for i, group in shapes.items():
         pts.add(i)
-        pts.update(windows[k].end for k in ks)
+        pts.update(end for end, _, _ in group)
     return sorted(pts)
 
 
-def _reach(events: Sequence[int], windows: Sequence[Window], by_start: dict[int, list[int]]
-           ) -> dict[int, tuple[int, int]]:
+def _reach(events: Sequence[int], shapes: dict[int, list[tuple[int, int, list[int]]]]) -> dict[int, tuple[int, int]]:
     """Per event position i: the least and the most total length change the windows from i on can
     still add (ignoring overlaps, so a superset). A programme state at i whose change d cannot
     reach the bill (want - d outside that range) can never end at it: the programmes drop it,
@@ -721,10 +734,9 @@ def _reach(events: Sequence[int], windows: Sequence[Window], by_start: dict[int,
     out: dict[int, tuple[int, int]] = {}
     lo = hi = 0
     for i in reversed(events):
-        for k in by_start.get(i, ()):
-            w = windows[k]
-            a, b = out[w.end]
-            lo, hi = min(lo, a + w.length_change), max(hi, b + w.length_change)
+        for end, lc, _ in shapes.get(i, ()):
+            a, b = out[end]
+            lo, hi = min(lo, a + lc), max(hi, b + lc)
         out[i] = (lo, hi)
     return out
 
@@ -736,6 +748,14 @@ def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int |
     admissible; windows valued -inf are out. Keeping the `keep` best per state is exact for the
     `keep` best overall (each extends a state's best)."""
     by_start = _by_start(windows, value)
+    shapes = _shapes(windows, by_start)
+    # A set among the `keep` best that holds a window outside its shape's `keep` best would be
+    # beaten by each of those in its place: such windows are out (T 1.0 code: most of them).
+    out = set()
+    for group in shapes.values():
+        for _, _, members in group:
+            if len(members) > keep:
+                out.update(sorted(members, key=lambda k: (-value[k], k))[keep:])
     # states[i]: length change -> up to `keep` (score, window indices) reaching position i.
     states: dict[int, dict[int, list[tuple[float, tuple[int, ...]]]]] = {}
 
@@ -753,8 +773,8 @@ def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int |
                 cur.pop()
 
     carry: dict[int, list[tuple[float, tuple[int, ...]]]] = {0: [(0.0, ())]}
-    events = _events(n, windows, by_start)
-    reach = _reach(events, windows, by_start) if want is not None else None
+    events = _events(n, shapes)
+    reach = _reach(events, shapes) if want is not None else None
     for i in events:
         here = states.pop(i, None)
         if here is None:
@@ -766,6 +786,8 @@ def _best(n: int, windows: Sequence[Window], value: Sequence[float], want: int |
                 cur = here.get(d)
                 here[d] = list(entries) if cur is None else sorted(cur + entries, key=lambda e: -e[0])[:keep]
         for k in by_start.get(i, ()):
+            if k in out:
+                continue
             w, v = windows[k], value[k]
             to = states.setdefault(w.end, {})
             lc = w.length_change
@@ -786,8 +808,11 @@ def _max_marginals(n: int, windows: Sequence[Window], value: Sequence[float], wa
     none), by a forward programme (best to each position and length change) and a backward one
     (best from each position for each change still to make)."""
     by_start = _by_start(windows, value)
-    events = _events(n, windows, by_start)
-    reach = _reach(events, windows, by_start) if want is not None else None
+    shapes = _shapes(windows, by_start)
+    # A programme in (max, +) meets a shape's windows only through the best of them.
+    top = {(i, end, lc): max(value[k] for k in members) for i, group in shapes.items() for end, lc, members in group}
+    events = _events(n, shapes)
+    reach = _reach(events, shapes) if want is not None else None
     fwd: dict[int, dict[int, float]] = {}
     arriving: dict[int, dict[int, float]] = {}
     carry: dict[int, float] = {0: 0.0}
@@ -797,25 +822,25 @@ def _max_marginals(n: int, windows: Sequence[Window], value: Sequence[float], wa
             if v > here.get(d, -math.inf):
                 here[d] = v
         fwd[i] = here
-        for k in by_start.get(i, ()):
-            w = windows[k]
-            to = arriving.setdefault(w.end, {})
-            lo, hi = reach[w.end] if reach is not None else (0, 0)
+        for end, lc, _ in shapes.get(i, ()):
+            vk = top[i, end, lc]
+            to = arriving.setdefault(end, {})
+            lo, hi = reach[end] if reach is not None else (0, 0)
             for d, v in here.items():
-                e = d + w.length_change
-                if abs(e) <= max_delta and (reach is None or lo <= want - e <= hi) and v + value[k] > to.get(e, -math.inf):
-                    to[e] = v + value[k]
+                e = d + lc
+                if abs(e) <= max_delta and (reach is None or lo <= want - e <= hi) and v + vk > to.get(e, -math.inf):
+                    to[e] = v + vk
         carry = here
     bwd: dict[int, dict[int, float]] = {}
     carry = {0: 0.0}
     for i in reversed(events):
         cur = dict(carry)
-        for k in by_start.get(i, ()):
-            w = windows[k]
-            for r, v in bwd[w.end].items():
-                c = r + w.length_change
-                if abs(c) <= 2 * max_delta and v + value[k] > cur.get(c, -math.inf):
-                    cur[c] = v + value[k]
+        for end, lc, _ in shapes.get(i, ()):
+            vk = top[i, end, lc]
+            for r, v in bwd[end].items():
+                c = r + lc
+                if abs(c) <= 2 * max_delta and v + vk > cur.get(c, -math.inf):
+                    cur[c] = v + vk
         bwd[i] = carry = cur
     out = [-math.inf] * len(windows)
     for ks in by_start.values():                 # the possible windows only
@@ -853,8 +878,9 @@ def _log_mass(n: int, windows: Sequence[Window], value: Sequence[float], want: i
             at[d] = v if cur is None else max(cur, v) + math.log1p(math.exp(-abs(cur - v)))
 
     carry: dict[int, float] = {0: 0.0}
-    events = _events(n, windows, by_start)
-    reach = _reach(events, windows, by_start) if want is not None else None
+    shapes = _shapes(windows, by_start)
+    events = _events(n, shapes)
+    reach = _reach(events, shapes) if want is not None else None
     for i in events:
         here = states.pop(i, None)
         if here is None:
