@@ -306,20 +306,49 @@ def test_a_long_whitespace_run_stays_within_the_caps(lm, vocab):
     assert out.nodes <= 64 * RepairParams().passes
 
 
-def test_a_batchs_searches_run_in_step_decide_as_each_alone_and_share_their_rounds_forwards(lm, vocab):
+@pytest.fixture(scope="module")
+def three(lm, vocab):
+    """Three pinned rows (prompt, canonical ids, bill) and each one's search alone."""
+    cases = [row(lm, vocab, c, end=c is SQL) for c in (TRANSPOSE, SQL, CARPET)]
+    rows = [(p, c, len(t)) for p, c, t in cases]
+    return rows, [repaired(lm, vocab, p, c, n) for p, c, n in rows]
+
+
+def test_a_batchs_searches_run_in_step_decide_as_each_alone_and_share_their_rounds_forwards(lm, vocab, three):
     from draftgate.repair.search import search_rows
 
-    cases = [row(lm, vocab, c, end=c is SQL) for c in (TRANSPOSE, SQL, CARPET)]
-    rows = [(p, c, len(t)) for p, c, t in cases] + [(cases[0][0], cases[0][1], len(cases[0][2]))]   # a twin
+    rows, alone = three
     scorer = HFScorer(lm.model, SAMPLING)
-    together = list(search_rows(rows, scorer, vocab, RepairParams()))
-    alone = [repaired(lm, vocab, p, c, n) for p, c, n in rows[:3]]
+    together = list(search_rows(rows + rows[:1], scorer, vocab, RepairParams()))    # and a twin
     for a, b in zip(together, alone):
         assert (a.ids, a.status, a.reason, a.passes, a.nodes) == (b.ids, b.status, b.reason, b.passes, b.nodes)
         assert a.confidence == pytest.approx(b.confidence, abs=1e-3)
     assert together[3].ids == together[0].ids and together[3].phases.keys() == {"base"}   # searched once
     # In step, a round of every row is one forward: fewer than the searches alone took, together.
     assert scorer.counters.forwards < 1 + sum(sum(v[0] for k, v in o.phases.items() if k != "base") for o in alone)
+
+
+def test_the_next_batchs_searches_join_the_last_of_this_ones_and_each_batchs_caches_go_when_it_ends(lm, vocab,
+                                                                                                      three):
+    from draftgate.repair.search import search_rows
+
+    rows, alone = three
+    # One row a batch: each next batch starts while the ones before still search (OVERLAP_ROWS).
+    scorer = HFScorer(lm.model, SAMPLING, capture=([1, 2, 3], "float32"))
+    handed, released = [], []
+    release = scorer.release
+    scorer.release = lambda keys=None: (released.append(None if keys is None else set(keys)), release(keys))
+    together = list(search_rows(rows, scorer, vocab, RepairParams(batch_tokens=1), prefill=handed.append))
+    for a, b in zip(together, alone):
+        assert (a.ids, a.status, a.reason, a.passes, a.nodes) == (b.ids, b.status, b.reason, b.passes, b.nodes)
+        assert a.confidence == pytest.approx(b.confidence, abs=1e-3)
+    # The batches' rounds were shared: fewer forwards than one batch after the other took.
+    assert scorer.counters.forwards < sum(o.forwards for o in alone)
+    # Each batch handed its kept rows' features on once, then let its own caches go as it ended.
+    assert sorted(len(h) for h in handed) == sorted(int(o.status != "repaired") for o in together)
+    assert all(f is not None for h in handed for _, f in h)
+    assert len(released) == 4 and [sum(tuple(p) + tuple(c) in keys for keys in released[:3]) for p, c, _ in rows] == [1] * 3
+    assert released[3] is None and not scorer._rows and not scorer._pending and not scorer._features
 
 
 def test_each_later_pass_starts_from_the_scores_a_fresh_pass_over_its_ids_gives(lm, vocab, monkeypatch):

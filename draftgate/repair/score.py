@@ -59,7 +59,7 @@ import json
 import math
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 NEG_INF = float("-inf")
 HEAD_ROWS = 256          # positions per LM-head chunk (HFScorer._logprobs)
@@ -115,7 +115,7 @@ class Scorer(Protocol):
 
     def features(self, ids: Sequence[int]) -> tuple[Any, Any] | None: ...
 
-    def release(self) -> None: ...
+    def release(self, keys: Iterable[tuple[int, ...]] | None = None) -> None: ...
 
 
 # ---------------------------------------------------------------- exact (full distribution)
@@ -334,9 +334,9 @@ class HFScorer:
         with torch.inference_mode(), hooks as captured:
             h = decoder(input_ids=x.to(self.device), attention_mask=mask.to(self.device),
                         cache=cache, use_cache=True).last_hidden_state
-        self._features = {} if captured is None else \
-            {tuple(ids): (captured[0][k, :len(ids)].cpu(), captured[1][k, :len(ids)].cpu())
-             for k, (ids, _, _) in enumerate(rows)}
+        if captured is not None:
+            self._features.update({tuple(ids): (captured[0][k, :len(ids)].cpu(), captured[1][k, :len(ids)].cpu())
+                                   for k, (ids, _, _) in enumerate(rows)})
         with torch.inference_mode():
             # The head over every row's completion positions at once.
             states = torch.cat([h[k, start - 1:len(ids) - 1] for k, (ids, start, _) in enumerate(rows)])
@@ -346,7 +346,6 @@ class HFScorer:
         self.counters.forwards += 1
         self.counters.tokens += len(rows) * width
         out, i = [], 0
-        self._pending = {}
         for k, (ids, start, _) in enumerate(rows):
             n = len(ids) - start
             out.append(Scored(mine[i:i + n], asked[i:i + n]))
@@ -358,9 +357,18 @@ class HFScorer:
         """(aux [T,3,H], final [T,H]) of a row of the last `score_rows` batch, on the CPU (with capture)."""
         return self._features.get(tuple(ids))
 
-    def release(self) -> None:
-        """Drop the batch's caches and features (score_rows) and every cached base."""
-        self._pending, self._features, self._rows, self._last = {}, {}, {}, None
+    def release(self, keys: Iterable[tuple[int, ...]] | None = None) -> None:
+        """Drop the caches and features of the bases `keys` (score_rows' rows and every base cached
+        since; None: all of them)."""
+        if keys is None:
+            self._pending, self._features, self._rows, self._last = {}, {}, {}, None
+            return
+        for key in keys:
+            self._pending.pop(key, None)
+            self._features.pop(key, None)
+            self._rows.pop(key, None)
+            if key == self._last:
+                self._last = None
 
     def _adopt(self, key: tuple[int, ...]) -> None:
         """Make a row of the last score_rows batch a cached base (its slice of the batch cache)."""
@@ -758,7 +766,7 @@ class _HTTPScorer:
     def features(self, ids: Sequence[int]) -> None:
         return None      # an engine's prompt logprobs carry no hidden states (docs/engines.md)
 
-    def release(self) -> None:
+    def release(self, keys: Iterable[tuple[int, ...]] | None = None) -> None:
         pass
 
     def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:

@@ -186,53 +186,86 @@ def _weight(method: str, args: tuple) -> float:
     return float(max(1, len(args[1]))) if method == "score_nodes" else 1.0
 
 
-def _drive(searches: Sequence[_Search], scorer: Scorer) -> list[Outcome]:
-    """Run searches to their Outcomes, in step: each step answers every waiting call, those of a
-    method with a batched form in one call, and charges each search its share of the cost (the
-    scorer's forwards, tokens and seconds, by _weight) in its Outcome.phases."""
-    searches = list(searches)
-    done: list[Outcome | None] = [None] * len(searches)
-    waiting: dict[int, _Call] = {}
-    phases: list[dict[str, list[float]]] = [{} for _ in searches]
+class _Driver:
+    """Searches run in step: each step answers every waiting call once, those of a method with a
+    batched form in one call, and charges each search its share of the cost (the scorer's forwards,
+    tokens and seconds, by _weight) in its Outcome.phases. Searches join at any step and leave as
+    they end (search_rows: the next batch's join while the last of this one's finish). A search's
+    key orders its calls within a step."""
 
-    def send(i: int, answer: Any) -> None:
+    def __init__(self, scorer: Scorer):
+        self.scorer = scorer
+        self.searches: dict[Any, _Search] = {}
+        self.waiting: dict[Any, _Call] = {}
+        self.phases: dict[Any, dict[str, list[float]]] = {}
+        self.bases: dict[Any, set[tuple[int, ...]]] = {}      # the ids each search's calls named
+
+    def __len__(self) -> int:
+        return len(self.searches)
+
+    def add(self, key: Any, search: _Search) -> Outcome | None:
+        """Start a search; its Outcome if it ended without a call."""
+        self.searches[key], self.phases[key], self.bases[key] = search, {}, set()
+        return self._send(key, None)
+
+    def _send(self, key: Any, answer: Any) -> Outcome | None:
         try:
-            waiting[i] = searches[i].send(answer)
+            call = self.searches[key].send(answer)
         except StopIteration as stop:
             out = stop.value
-            for phase, acc in phases[i].items():
+            for phase, acc in self.phases.pop(key).items():
                 mine = out.phases.setdefault(phase, [0.0, 0.0, 0.0])
                 for j in range(3):
                     mine[j] += acc[j]
             out.forwards = sum(v[0] for v in out.phases.values())
             out.tokens = sum(v[1] for v in out.phases.values())
-            done[i] = out
+            del self.searches[key]
+            return out
+        self.waiting[key] = call
+        self.bases[key].add(tuple(call[2][0]))
+        return None
 
-    for i in range(len(searches)):
-        send(i, None)
-    while waiting:
-        step, waiting = waiting, {}
-        by_method: dict[str, list[int]] = {}
-        for i, (_, method, _) in step.items():
-            by_method.setdefault(method, []).append(i)
-        answers: dict[int, Any] = {}
-        for method, ids in by_method.items():
+    def step(self) -> dict[Any, Outcome]:
+        """Answer every waiting call once; the Outcomes of the searches that ended."""
+        step, self.waiting = self.waiting, {}
+        by_method: dict[str, list[Any]] = {}
+        for key in sorted(step):
+            by_method.setdefault(step[key][1], []).append(key)
+        answers: dict[Any, Any] = {}
+        scorer = self.scorer
+        for method, keys in by_method.items():
             many = getattr(scorer, _MANY.get(method, ""), None)
             c = scorer.counters
             f, t, s = c.forwards, c.tokens, time.perf_counter()
-            if many is not None and len(ids) > 1:
-                answers.update(zip(ids, many([step[i][2] for i in ids])))
+            if many is not None and len(keys) > 1:
+                answers.update(zip(keys, many([step[k][2] for k in keys])))
             else:
-                answers.update((i, getattr(scorer, method)(*step[i][2])) for i in ids)
+                answers.update((k, getattr(scorer, method)(*step[k][2])) for k in keys)
             cost = (c.forwards - f, c.tokens - t, time.perf_counter() - s)
-            weights = [_weight(method, step[i][2]) for i in ids]
-            for i, w in zip(ids, weights):
-                acc = phases[i].setdefault(step[i][0], [0.0, 0.0, 0.0])
+            weights = [_weight(method, step[k][2]) for k in keys]
+            for k, w in zip(keys, weights):
+                acc = self.phases[k].setdefault(step[k][0], [0.0, 0.0, 0.0])
                 for j in range(3):
                     acc[j] += cost[j] * w / sum(weights)
-        for i in sorted(answers):
-            send(i, answers[i])
-    return done      # type: ignore[return-value]
+        ended = {}
+        for key in sorted(answers):
+            out = self._send(key, answers[key])
+            if out is not None:
+                ended[key] = out
+        return ended
+
+
+def _drive(searches: Sequence[_Search], scorer: Scorer) -> list[Outcome]:
+    """Run searches to their Outcomes, in step (_Driver)."""
+    driver = _Driver(scorer)
+    done: dict[int, Outcome] = {}
+    for i, one in enumerate(searches):
+        out = driver.add(i, one)
+        if out is not None:
+            done[i] = out
+    while driver.waiting:
+        done.update(driver.step())
+    return [done[i] for i in range(len(searches))]
 
 
 def _search(prompt: Sequence[int], completion: Sequence[int], target_len: int | None, vocab: Vocab,
@@ -290,40 +323,67 @@ def _search(prompt: Sequence[int], completion: Sequence[int], target_len: int | 
     return out
 
 
+# The next batch's base pass runs once this batch has no more than this many searches left, and its
+# searches join their rounds: a round of a few rows pays a forward's fixed cost for few nodes (T 1.0
+# code: 7.7 ms a node for one row, 4.9 for 4-7 rows, 4.1 for 8-15), and the last rows of a batch are
+# the long searches, so alone they took ~2,000 of ~16,000 nodes in 146 one-row forwards.
+OVERLAP_ROWS = 8
+
+
 def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]], scorer: Scorer, vocab: Vocab,
                 params: RepairParams, prefill: Callable[[list[tuple[int, Any]]], None] | None = None
                 ) -> Iterator[Outcome]:
     """`search` over many rows (prompt, completion, target_len), the first pass of each batched
     the way the hidden stage batches its forward (`Scorer.score_rows`: rows sorted by length,
     about params.batch_tokens padded tokens per pass). Outcomes come in the rows' order; the base
-    pass's cost is spread over the batch's rows (phase `base`). `prefill`, once per batch before
-    its caches are released: [(row index, the features the scorer captured in the base pass)] for
-    the batch's rows whose search left their ids as they were (the hidden stage's prefill)."""
+    pass's cost is spread over the batch's rows (phase `base`). A batch's searches run in step
+    (_Driver), and the next batch's join them once OVERLAP_ROWS or fewer are left. `prefill`, once
+    per batch before its caches are released: [(row index, the features the scorer captured in the
+    base pass)] for the batch's rows whose search left their ids as they were (the hidden stage's
+    prefill)."""
     rows = list(rows)
     order = sorted(range(len(rows)), key=lambda i: (-(len(rows[i][0]) + len(rows[i][1])), i))
-    done: dict[int, Outcome] = {}
-    nxt = 0
+    chunks: list[list[int]] = []
     k = 0
     while k < len(order):
         width = len(rows[order[k]][0]) + len(rows[order[k]][1])
-        chunk = order[k:k + max(1, params.batch_tokens // max(1, width))]
-        k += len(chunk)
+        chunks.append(order[k:k + max(1, params.batch_tokens // max(1, width))])
+        k += len(chunks[-1])
+    rank = {i: r for r, i in enumerate(order)}       # a search's key: its calls go in this order
+    same = [(tuple(p), tuple(c), n) for p, c, n in rows]
+    driver = _Driver(scorer)
+    live: dict[int, set[int]] = {}                  # batch -> the keys of its searches not ended
+    batch: dict[int, tuple[list[int], list[float], dict, dict[int, Outcome]]] = {}
+    of: dict[int, int] = {}                          # key -> its batch
+    done: dict[int, Outcome] = {}
+
+    def start(b: int) -> None:
+        chunk = chunks[b]
         f0, t0, c0 = scorer.counters.forwards, scorer.counters.tokens, time.perf_counter()
         scored = scorer.score_rows([(list(rows[i][0]) + list(rows[i][1]), len(rows[i][0]),
                                      alternatives(rows[i][1], vocab)) for i in chunk])
         share = [(scorer.counters.forwards - f0) / len(chunk), (scorer.counters.tokens - t0) / len(chunk),
                  (time.perf_counter() - c0) / len(chunk)]
-        # The batch's searches run in step (_drive): a round of every row is one forward. A row
-        # that repeats an earlier one of the batch (the same prompt, ids and bill) is searched once.
+        # A row that repeats an earlier one of the batch (the same prompt, ids and bill) is searched once.
         first: dict[tuple, int] = {}
         for i in chunk:
-            first.setdefault((tuple(rows[i][0]), tuple(rows[i][1]), rows[i][2]), i)
-        lead = [(i, s) for i, s in zip(chunk, scored) if first[(tuple(rows[i][0]), tuple(rows[i][1]), rows[i][2])] == i]
-        outs = dict(zip([i for i, _ in lead],
-                        _drive([_search(rows[i][0], rows[i][1], rows[i][2], vocab, params, base=s) for i, s in lead],
-                               scorer)))
+            first.setdefault(same[i], i)
+        outs: dict[int, Outcome] = {}
+        live[b] = set()
+        batch[b] = (chunk, share, first, outs)
+        for i, sc in zip(chunk, scored):
+            if first[same[i]] == i:
+                of[rank[i]] = b
+                out = driver.add(rank[i], _search(rows[i][0], rows[i][1], rows[i][2], vocab, params, base=sc))
+                if out is None:
+                    live[b].add(rank[i])
+                else:
+                    outs[i] = out
+
+    def finish(b: int) -> None:
+        chunk, share, first, outs = batch.pop(b)
         for i in chunk:
-            j = first[(tuple(rows[i][0]), tuple(rows[i][1]), rows[i][2])]
+            j = first[same[i]]
             out = outs[i] if i == j else _repeat(outs[j])
             out.phases["base"] = list(share)
             out.forwards += share[0]
@@ -332,10 +392,30 @@ def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]],
         if prefill is not None:
             prefill([(i, scorer.features(list(rows[i][0]) + list(rows[i][1]))) for i in chunk
                      if done[i].status != "repaired"])
-        scorer.release()
+        # The batch's caches go, but not one a batch still searching names (the same ids).
+        mine = {same[i][0] + same[i][1] for i in chunk}
+        for i in chunk:
+            mine |= driver.bases.pop(rank[i], set())
+        others = {key for c in batch for i in batch[c][0] for key in
+                  driver.bases.get(rank[i], {same[i][0] + same[i][1]}) | {same[i][0] + same[i][1]}}
+        scorer.release(mine - others)
+
+    nxt = b = 0
+    while b < len(chunks) or live:
+        if b < len(chunks) and sum(len(v) for v in live.values()) <= OVERLAP_ROWS:
+            start(b)
+            b += 1
+        else:
+            for key, out in driver.step().items():
+                live[of[key]].discard(key)
+                batch[of[key]][3][order[key]] = out
+        for c in [c for c, keys in live.items() if not keys]:
+            del live[c]
+            finish(c)
         while nxt in done:
             yield done.pop(nxt)
             nxt += 1
+    scorer.release()
 
 
 def _repeat(out: Outcome) -> Outcome:
