@@ -480,7 +480,6 @@ class HFScorer:
         into a right-padded batch, each row's new tokens after the widest (a 4D tree mask), then
         appended to each row's own cache."""
         import torch
-        from transformers.cache_utils import DynamicCache
 
         dev, dtype = self.device, next(self.model.parameters()).dtype
         widths = [row.cache.get_seq_length() for row, _ in group]

@@ -200,9 +200,6 @@ class _Driver:
         self.phases: dict[Any, dict[str, list[float]]] = {}
         self.bases: dict[Any, set[tuple[int, ...]]] = {}      # the ids each search's calls named
 
-    def __len__(self) -> int:
-        return len(self.searches)
-
     def add(self, key: Any, search: _Search) -> Outcome | None:
         """Start a search; its Outcome if it ended without a call."""
         self.searches[key], self.phases[key], self.bases[key] = search, {}, set()
@@ -353,7 +350,7 @@ def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]],
     same = [(tuple(p), tuple(c), n) for p, c, n in rows]
     driver = _Driver(scorer)
     live: dict[int, set[int]] = {}                  # batch -> the keys of its searches not ended
-    batch: dict[int, tuple[list[int], list[float], dict, dict[int, Outcome]]] = {}
+    batch: dict[int, tuple[list[int], list[float], dict, dict[int, Outcome], dict]] = {}
     of: dict[int, int] = {}                          # key -> its batch
     done: dict[int, Outcome] = {}
 
@@ -369,8 +366,10 @@ def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]],
         for i in chunk:
             first.setdefault(same[i], i)
         outs: dict[int, Outcome] = {}
+        # This pass's features, taken now: a later batch holding the same ids would replace them.
+        features = {i: scorer.features(list(rows[i][0]) + list(rows[i][1])) for i in chunk} if prefill else {}
         live[b] = set()
-        batch[b] = (chunk, share, first, outs)
+        batch[b] = (chunk, share, first, outs, features)
         for i, sc in zip(chunk, scored):
             if first[same[i]] == i:
                 of[rank[i]] = b
@@ -381,7 +380,7 @@ def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]],
                     outs[i] = out
 
     def finish(b: int) -> None:
-        chunk, share, first, outs = batch.pop(b)
+        chunk, share, first, outs, features = batch.pop(b)
         for i in chunk:
             j = first[same[i]]
             out = outs[i] if i == j else _repeat(outs[j])
@@ -390,15 +389,16 @@ def search_rows(rows: Sequence[tuple[Sequence[int], Sequence[int], int | None]],
             out.tokens += share[1]
             done[i] = out
         if prefill is not None:
-            prefill([(i, scorer.features(list(rows[i][0]) + list(rows[i][1]))) for i in chunk
-                     if done[i].status != "repaired"])
+            prefill([(i, features[i]) for i in chunk if done[i].status != "repaired"])
         # The batch's caches go, but not one a batch still searching names (the same ids).
-        mine = {same[i][0] + same[i][1] for i in chunk}
+        mine = set().union(*(named(i) for i in chunk))
         for i in chunk:
-            mine |= driver.bases.pop(rank[i], set())
-        others = {key for c in batch for i in batch[c][0] for key in
-                  driver.bases.get(rank[i], {same[i][0] + same[i][1]}) | {same[i][0] + same[i][1]}}
-        scorer.release(mine - others)
+            driver.bases.pop(rank[i], None)
+        scorer.release(mine - set().union(*(named(i) for c in batch for i in batch[c][0])))
+
+    def named(i: int) -> set[tuple[int, ...]]:
+        # The bases row i's search asked the scorer about, its own first.
+        return driver.bases.get(rank[i], set()) | {same[i][0] + same[i][1]}
 
     nxt = b = 0
     while b < len(chunks) or live:
@@ -426,15 +426,18 @@ def _repeat(out: Outcome) -> Outcome:
     return twin
 
 
-def alternatives(ids: Sequence[int], vocab: Vocab) -> list[list[int]]:
-    """Per position of ids: the ordinary ids other than ids[t] whose bytes are a prefix of the text
-    that remains from t within its text span (special positions have none)."""
-    alts: list[list[int]] = [[] for _ in ids]
+def alternatives(ids: Sequence[int], vocab: Vocab, start: int = 0) -> list[list[int]]:
+    """Per position of ids from `start` on: the ordinary ids other than ids[t] whose bytes are a
+    prefix of the text that remains from t within its text span (special positions have none)."""
+    alts: list[list[int]] = [[] for _ in ids[start:]]
     for s, e in spans(ids, vocab):
+        if e <= start:
+            continue
         text = vocab.bytes_of(ids[s:e])
         o = 0
         for t in range(s, e):
-            alts[t] = [a for a in vocab.prefixes(text, o) if a != ids[t]]
+            if t >= start:
+                alts[t - start] = [a for a in vocab.prefixes(text, o) if a != ids[t]]
             o += len(vocab.pieces[ids[t]])
     return alts
 
@@ -684,7 +687,7 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         # it the ids, their context and the text left (so the alternatives) are the base's, and
         # so are the base pass's scores there (the head over those positions would repeat them).
         ids, f = _apply(canon, edits), edits[0].start
-        tail = yield ("rescore", "score", (prompt + ids, p0 + f, alternatives(ids, vocab)[f:], replace))
+        tail = yield ("rescore", "score", (prompt + ids, p0 + f, alternatives(ids, vocab, f), replace))
         return ids, Scored(scored.logprobs[:f] + tail.logprobs, scored.asked[:f] + tail.asked)
 
     nxt = None
