@@ -17,7 +17,8 @@ import yaml
 from eval_fixtures import PROMPTS, contract, random_drafter, tokens_table
 
 EVAL = {"proposers": ["eagle3", "ngram", "oracle"], "k": 3, "max_new_tokens": 12,
-        "ngram_min": 5, "ngram_max": 5, "ngram_sweep": [[1, 2]], "bootstrap_samples": 200, "device": "cpu"}
+        "ngram_min": 5, "ngram_max": 5, "ngram_sweep": [[1, 2]], "bootstrap_samples": 200, "device": "cpu",
+        "threads": 1}    # 1: the suite's (conftest.py)
 
 
 def write_params(path: Path, floor: float = 1.0, mode_floor: float | None = 1.0, served=None) -> Path:

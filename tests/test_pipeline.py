@@ -73,6 +73,11 @@ def small_repo(tmp_path_factory) -> Path:
     set_params(repo, eval={"max_new_tokens": 8, "bootstrap_samples": 200})
     # The seeded corpus's breadth is tests/test_contract_corpus.py's; here the contract only has to run.
     set_params(repo, contract={"corpus_size": 60})
+    # One torch thread per stage, as in every other test (conftest.py): make test runs two xdist
+    # workers on two cores, and a stage of two threads beside the other worker's forwards waits on
+    # its threads' spin (two such processes ran a forward loop 3x slower than two of one thread).
+    for section in ("repair", "hidden", "drafter", "eval"):
+        set_params(repo, **{section: {"threads": 1}})
     # 24 new tokens truncate nearly every answer: fine for plumbing, not what the gate defaults expect.
     gates = yaml.safe_load((repo / "params.yaml").read_text())["gates"]
     gates["responses"]["max_length_rate"] = 1.0
