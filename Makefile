@@ -34,9 +34,10 @@ repro: setup
 
 # The interop and engine tests run here too (DRAFTGATE_INTEROP / DRAFTGATE_ENGINE=required: a
 # missing side environment fails, never skips), so one pytest run checks everything. Each engine
-# test file starts one vLLM (eager, ~30 s) and --dist loadfile keeps a file on one worker.
+# test file starts one vLLM (eager, ~30 s) and --dist loadfile keeps a file on one worker;
+# --no-loadscope-reorder keeps tests/conftest.py's order (the heaviest files first).
 test: setup interop engine
-	DRAFTGATE_INTEROP=required DRAFTGATE_ENGINE=required $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
+	DRAFTGATE_INTEROP=required DRAFTGATE_ENGINE=required $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 $(ISTAMP): interop/requirements.txt
 	test -x $(IPY) || python3 -m venv $(IVENV)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,51 @@ def test_a_change_to_the_tokenizer_code_makes_generate_and_reconstruct_stale(sma
         code.write_text(original)
     for stage in ("contract", "prompts", "generate", "reconstruct"):
         assert f"{stage}:" in out, out
+
+
+def ran(out: subprocess.CompletedProcess) -> list[str]:
+    return re.findall(r"Running stage '([^']+)'", out.stdout)
+
+
+# The last three tests break the small repo on purpose, each after the one before it: a gate that
+# fails, then a contract that fails upstream of it (contract runs before prompts: prompts depends
+# on its gate), then one table (--single-item). Each puts its params and raw data back.
+
+def test_a_failed_gate_stops_repro_before_the_next_stage(small_repo):
+    raw, params = small_repo / "data" / "raw" / "chat.jsonl", small_repo / "params.yaml"
+    saved = raw.read_bytes(), params.read_text()
+    responses = (small_repo / "data" / "responses" / "responses.parquet").read_bytes()
+    try:
+        # One unusable record, and a gate that tolerates no rejects.
+        with open(raw, "a") as f:
+            f.write('{"messages": [{"role": "narrator", "content": "hi"}]}\n')
+        set_params(small_repo, gates={**yaml.safe_load(params.read_text())["gates"],
+                                      "prompts": {"max_rejects_rate": 0.0, "min_heldout_fraction": 0.03,
+                                                  "max_heldout_fraction": 0.25}})
+        out = run(["dvc", "repro"], small_repo, check=False)
+    finally:
+        raw.write_bytes(saved[0])
+        params.write_text(saved[1])
+    assert out.returncode != 0
+    assert ran(out) == ["prompts", "gate_prompts"], out.stdout
+    assert gate(small_repo, "prompts")["success"] is False
+    assert (small_repo / "data" / "responses" / "responses.parquet").read_bytes() == responses
+
+
+def test_a_wrong_configured_special_id_stops_the_pipeline_at_the_contract_gate(small_repo):
+    params = small_repo / "params.yaml"
+    saved = params.read_text()
+    try:
+        # The seed run's bug in miniature: an id that is an ordinary token, configured for <|im_end|>.
+        tok = yaml.safe_load(saved)["tokenizer"]
+        set_params(small_repo, tokenizer={**tok, "expected_ids": {"<|im_end|>": 1000}})
+        out = run(["dvc", "repro"], small_repo, check=False)
+    finally:
+        params.write_text(saved)
+    assert out.returncode != 0
+    assert ran(out) == ["contract", "gate_contract"], out.stdout     # prompts, stale since the last test, waits
+    assert gate(small_repo, "contract")["success"] is False
+    assert "expected" in json.dumps(json.loads((small_repo / "data" / "contract" / "contract.json").read_text()))
 
 
 def test_a_corrupted_tokens_table_fails_its_gate(small_repo):
