@@ -19,6 +19,12 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 # process a test starts: a forward's last bits depend on the count, so a test's numbers must not
 # depend on which test ran before it in the worker. Stages with a threads param set their own.
 os.environ["OMP_NUM_THREADS"] = "1"
+# The tests that must run torch on two threads (a stage's threads param) still share the two cores
+# with the other worker: OpenMP's idle threads then spin on a core another process needs. Passive
+# waiting changes no result, only the spin: two 2-thread forward loops side by side took 32 s with
+# the default policy and 11 s passive (one alone: 6.3 s and 7.2 s). libgomp reads it when torch
+# loads, so it is set before anything imports torch here.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
