@@ -11,7 +11,7 @@ draftgate's connector, no prefix cache), and each row is ONE `/v1/completions` r
 
 Rows: the first `--rows` kept rows of data/repair/tokens.parquet (the demo's, after `make repro`).
 Both answers are checked against the in-process target on the same ids: every position's
-log-probability (raw, temperature 1: HFScorer at T 1) and the features (float32, hidden.layers:
+log-probability (raw, temperature 1: HFScorer at T 1) and the features (float32, EAGLE-3's default layers:
 the relative L2 error of each aux layer and of the final state), and the file must pass
 read_row's proof (its ids are the row's, its layers the ones asked for). Targets: log-probability
 differences <= 1e-3 nats and feature errors <= 1e-3 (the engine tests' bound). Seconds per request
