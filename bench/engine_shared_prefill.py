@@ -35,20 +35,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from bench.targets import verdict  # noqa: E402
 
 TOKENS = ROOT / "data" / "repair" / "tokens.parquet"
-# The connector's module and parameter names (draftgate/hidden/vllm_connector.py, which imports
-# vLLM and so is never imported here).
-CONNECTOR = ("DraftgateHiddenStatesConnector", "draftgate.hidden.vllm_connector", "spool_dir", "draftgate_name")
-
-
-def engine_args(vllm_ids: list[int], spool: Path) -> tuple[str, ...]:
-    """The server flags of hidden.backend vllm's engine (draftgate/hidden/vllm_run.py), as a server."""
-    name, module, spool_param, _ = CONNECTOR
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": sorted(vllm_ids)}}}
-    kv = {"kv_connector": name, "kv_connector_module_path": module, "kv_role": "kv_producer",
-          "kv_connector_extra_config": {spool_param: str(spool)}}
-    return ("--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv),
-            "--no-enable-prefix-caching")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.config import HiddenParams
     from draftgate.engine.launch import running_vllm
     from draftgate.engine.model import SERVED_NAME, servable_dir
-    from draftgate.hidden.vllm_backend import read_row, row_name, vllm_layers
+    from draftgate.engine.spool import NAME_PARAM, server_args, vllm_layers
+    from draftgate.hidden.vllm_backend import read_row, row_name
     from draftgate.repair.score import HFScorer, Sampling
     from draftgate.target import capturing, load_target, resolve_layers
 
@@ -80,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     rows, seconds = [], []
     with tempfile.TemporaryDirectory(prefix="draftgate-shared-prefill-") as tmp:
         spool = Path(tmp)
-        with running_vllm(servable_dir().path, served_name=SERVED_NAME, extra_args=engine_args(ids_v, spool),
+        with running_vllm(servable_dir().path, served_name=SERVED_NAME, extra_args=server_args(layers, target.num_layers, spool),
                           timeout_s=600) as engine:
             for i, ids in enumerate(kept):
                 body = {"model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1,
-                        "kv_transfer_params": {CONNECTOR[3]: row_name(i)}}
+                        "kv_transfer_params": {NAME_PARAM: row_name(i)}}
                 start = time.perf_counter()
                 answer = httpx.post(f"{engine.base_url}/completions", json=body, timeout=600)
                 seconds.append(time.perf_counter() - start)

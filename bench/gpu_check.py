@@ -52,7 +52,7 @@ def preflight(engine_python: str | None) -> tuple[list[str], dict]:
 
     from draftgate.engine.launch import EngineError, engine_device
     from draftgate.engine.launch import engine_python as resolve
-    from draftgate.hidden.vllm_backend import engine_version
+    from draftgate.engine.spool import engine_version
 
     missing, found = [], {"draftgate_torch": torch.__version__, "draftgate_cuda": torch.cuda.is_available()}
     if not found["draftgate_cuda"]:

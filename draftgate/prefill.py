@@ -11,7 +11,8 @@ The directory: `shard-NNNNN.safetensors`, one per base-pass batch that kept a ro
 int64 [T], `row_offsets` int64 [rows + 1], `aux` [T, 3, H] and `final` [T, H] in `hidden.dtype`;
 metadata `format` and `prompt_ids`), each written atomically, and `manifest.json` written last:
 `format`, `key` (what the features are: weights and config fingerprints, layers, stored and
-compute dtypes; the hidden stage uses them only where its own are equal), `rows`, `tokens`,
+compute dtypes, and for an engine's its backend, build and tensor-parallel split; the hidden stage
+uses them only where its own are equal), `rows`, `tokens`,
 `shards` (name, sha256, rows, tokens, bytes), and `skipped` (why no row was kept, or null).
 A reader trusts nothing else: no manifest, a shard whose size or sha256 differs, or a count that
 disagrees makes the whole prefill unusable (the hidden stage then extracts every row itself).
@@ -30,6 +31,9 @@ from draftgate.io import atomic_path, file_sha256, write_json
 FORMAT = "draftgate.prefill/1"
 MANIFEST = "manifest.json"
 KEY_FIELDS = ("weights_fingerprint", "config_sha256", "layers", "dtype", "compute_dtype")
+# An engine's prefill (repair/engine.py) adds these; an in-process one has none of them, so the
+# in-process hidden stage never takes an engine's features, nor the engine's stage in-process ones.
+ENGINE_FIELDS = ("backend", "engine", "tensor_parallel")
 
 
 def feature_key(target: Any, layers: Sequence[int], dtype: str) -> dict[str, Any]:

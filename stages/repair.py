@@ -40,14 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     from draftgate.device import torch_threads
     from draftgate.gates.result import GateNotPassed, require_passed
     from draftgate.io import write_parquet
-    from draftgate.repair.run import RepairError, load_request, run
+    from draftgate.repair.run import RepairError, opened, run
 
     try:
         params = load_params(args.params)
         require_passed(args.gate, "gate_tokens", "fix the tokens before repairing them")
         started = time.perf_counter()
-        request = load_request(params, args.tokens, args.vocab, args.responses, args.prefill)
-        with torch_threads(params.repair.threads if params.repair.backend == "hf" else None):
+        with opened(params, args.tokens, args.vocab, args.responses, args.prefill) as request, \
+                torch_threads(params.repair.threads if params.repair.backend == "hf" else None):
             result = run(dataclasses.replace(request, progress=_progress(started)))
     except (ParamsError, GateNotPassed, RepairError) as e:
         print(f"repair: {e}", file=sys.stderr)

@@ -39,18 +39,29 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["Reply with the single word yes.", "What is 2 + 2? Answer with a number only.",
            "Write a long story about a dragon."]
 MAX_TOKENS = 24
+LAYERS = (1, 14, 26)      # EAGLE-3's default for SmolLM2's 30 layers (what hidden.layers null resolves to)
 
 
 class Shared:
-    """The module's engine, stoppable early by the last test (as an exception in a block stops it)."""
+    """The module's engine, stoppable early by the last test (as an exception in a block stops it).
 
-    def __init__(self) -> None:
-        from draftgate.config import EngineParams
+    Started as the repair stage starts it to share its first pass with the hidden stage
+    (repair/engine.py): with the hidden backend's capture (engine/spool.py `server_args`), its
+    spool at `<prefill>/.vllm`, where the stage looks for it. Only requests that name a file are
+    written, so every other test sees the server a generate run starts."""
 
+    def __init__(self, prefill: Path) -> None:
+        from draftgate.config import EngineParams, HiddenParams
+        from draftgate.engine.spool import server_args
+        from draftgate.repair.engine import SPOOL
+        from draftgate.target import describe_target
+
+        self.prefill = prefill
         # The render endpoint (the template contract's engine rendering) needs --enable-scale-out;
-        # it only registers routes, so every other test sees the server a generate run starts.
+        # it only registers routes.
+        capture = server_args(LAYERS, describe_target(HiddenParams()).num_layers, (prefill / SPOOL).resolve())
         settings = launch_settings(EngineParams(python=str(engine_python()), kvcache_gib=1,
-                                                start_timeout_s=START_TIMEOUT_S, extra_args=[SCALE_OUT_FLAG]))
+                                                start_timeout_s=START_TIMEOUT_S, extra_args=[SCALE_OUT_FLAG, *capture]))
         self.cm = running_vllm(model_dir(), served_name=SERVED_NAME, **settings)
         self.engine = self.cm.__enter__()
         self.open = True
@@ -61,8 +72,8 @@ class Shared:
 
 
 @pytest.fixture(scope="module")
-def shared():
-    s = Shared()
+def shared(tmp_path_factory):
+    s = Shared(tmp_path_factory.mktemp("shared_prefill") / "prefill")
     try:
         yield s
     finally:
@@ -217,26 +228,131 @@ def test_vllms_raw_prompt_logprobs_equal_the_in_process_scorers(engine, lm):
     assert len(served) == len(ours) and max(abs(a - b) for a, b in zip(served, ours)) < 5e-4
 
 
-def test_a_repair_search_through_vllm_decides_as_the_in_process_one(engine, lm):
-    from draftgate.config import RepairParams
-    from draftgate.repair.score import HFScorer, VllmScorer
-    from draftgate.repair.search import Vocab, search
-    from draftgate.serve.model import smollm2_tokenizer
-    from test_repair_search import SAMPLING, TRANSPOSE, row
+# ---------------------------------------------------------------- one engine prefill for repair and hidden
 
-    vocab = Vocab.from_tokenizer(smollm2_tokenizer())
-    # test_repair_search's shortest row the model really sampled (" trans|pose": the canonical
-    # encoding one token shorter). One row: through vLLM a search is ~50 full prefills (vLLM
-    # skips its prefix cache for prompt logprobs), ~40 s a row on 2 loaded cores; a canonical-
-    # longer row (CARPET) and one ending at the end token (SQL) decided alike when measured
-    # (docs/engines.md, "Generate").
-    prompt, canon, truth = row(lm, vocab, TRANSPOSE)
-    ours = search(prompt, canon, len(truth), HFScorer(lm.model, SAMPLING), vocab, RepairParams())
-    scorer = VllmScorer(engine.root_url, SERVED_NAME, SAMPLING)
-    served = search(prompt, canon, len(truth), scorer, vocab, RepairParams())
-    assert (served.status, served.ids) == (ours.status, ours.ids) == ("repaired", truth)
-    assert served.margin_runner_up == pytest.approx(ours.margin_runner_up, abs=0.05)   # tempered from the top 20
-    assert scorer.counters.forwards > 1
+def tokens_row(pid: str, prompt: list[int], completion: list[int], bill: int) -> dict:
+    return {"prompt_id": pid, "dataset": "code", "split": "train", "input_ids": prompt + completion,
+            "prompt_len": len(prompt), "completion_ids": completion,
+            "loss_mask": [0] * len(prompt) + [1] * len(completion), "method": "text",
+            "n_completion": len(completion), "billed_completion_tokens": bill, "billing_convention": "counts_end",
+            "billing_residual": len(completion) - bill, "quarantine_reason": None}
+
+
+@pytest.fixture(scope="module")
+def repaired(shared, lm, tmp_path_factory):
+    """The repair stage with `repair.backend: vllm` (no base_url) and `hidden.backend: vllm` on two
+    rows: "a", the model's " trans|pose" re-encoded canonically (repaired), and "b", written
+    canonically (kept); then the hidden stage through vLLM with the prefill. The stage's engine
+    start is the module's engine (its arguments kept and checked); the hidden stage starts its own
+    offline engine for row a alone."""
+    from draftgate.contract import vocab_table
+    from draftgate.engine import launch
+    from draftgate.repair.search import Vocab
+    from draftgate.serve.model import smollm2_tokenizer
+    from hidden_fixtures import metrics_of, write_gate, write_tokens
+    from stages import hidden, repair
+    from test_repair_search import TRANSPOSE, row
+
+    root = shared.prefill.parent
+    tok = smollm2_tokenizer()
+    prompt, canon, truth = row(lm, Vocab.from_tokenizer(tok), TRANSPOSE)
+    rows = [tokens_row("a", prompt, canon, len(truth)), tokens_row("b", prompt, truth[:20], 20)]
+    write_tokens(root / "tokens.parquet", rows)
+    pq.write_table(vocab_table(tok), root / "vocab.parquet")
+    write_gate(root / "gate.json")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["repair"].update({"backend": "vllm", "base_url": None, "temperature": 0.7, "top_p": 1.0,
+                             "min_confidence": 0.0})
+    params["hidden"].update({"backend": "vllm", "mode": "offline", "device": "cpu", "threads": 1, "layers": None})
+    params["engine"] = {**params.get("engine", {}), "python": str(engine_python())}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    started: dict = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launch, "running_vllm", standing_in(shared.engine, started))
+        assert repair.main(["--params", str(root / "params.yaml"), "--tokens", str(root / "tokens.parquet"),
+                            "--vocab", str(root / "vocab.parquet"), "--gate", str(root / "gate.json"),
+                            "--out", str(root / "repaired" / "tokens.parquet"), "--prefill", str(shared.prefill),
+                            "--metrics", str(root / "repair-metrics" / "repair.json")]) == 0
+    out = root / "hidden"
+    assert hidden.main(["--params", str(root / "params.yaml"), "--tokens", str(root / "repaired" / "tokens.parquet"),
+                        "--gate", str(root / "gate.json"), "--out", str(out), "--prefill", str(shared.prefill),
+                        "--metrics", str(root / "hidden-metrics" / "hidden.json")]) == 0
+    return {"root": root, "rows": rows, "truth": truth, "started": started, "hidden": out,
+            "table": pq.read_table(root / "repaired" / "tokens.parquet").to_pylist(),
+            "repair_metrics": json.loads((root / "repair-metrics" / "repair.details.json").read_text()),
+            "hidden_metrics": metrics_of(out)}
+
+
+def in_process_features(lm, ids: list[int]):
+    import torch
+
+    from draftgate.target import capturing
+
+    decoder = lm.model.get_decoder()
+    with torch.inference_mode(), capturing(decoder, LAYERS, 1, len(ids), torch.bfloat16) as (aux, final):
+        decoder(input_ids=torch.tensor([ids]))
+    return aux[0], final[0]
+
+
+def rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def test_a_repair_search_through_vllm_repairs_the_sampled_split_as_the_in_process_one_does(repaired):
+    # test_repair_search's shortest row the model really sampled: in process, the search repairs
+    # it to the sampled ids (test_repair_search); through vLLM a search is ~50 full prefills
+    # (vLLM skips its prefix cache for prompt logprobs).
+    a, b = repaired["table"]
+    assert (a["repair_status"], a["method"], a["completion_ids"]) == ("repaired", "repaired", repaired["truth"])
+    assert (b["repair_status"], b["repair_reason"]) == ("kept", "canonical")
+    assert repaired["repair_metrics"]["phases"]["windows"]["forwards"] > 1
+
+
+def test_the_repair_stage_starts_its_engine_with_the_hidden_capture_in_its_prefill_folder(repaired, shared):
+    from draftgate.config import HiddenParams
+    from draftgate.engine.spool import server_args
+    from draftgate.engine.target import served_model
+    from draftgate.repair.engine import SPOOL
+    from draftgate.target import describe_target
+
+    started = repaired["started"]
+    assert started["model_dir"] == served_model(HiddenParams()).path
+    capture = server_args(LAYERS, describe_target(HiddenParams()).num_layers, (shared.prefill / SPOOL).resolve())
+    assert tuple(started["extra_args"][-len(capture):]) == capture and started["dtype"] == "float32"
+
+
+def test_the_engines_first_pass_keeps_the_kept_rows_features_and_not_the_repaired_rows(repaired, shared, lm):
+    from draftgate.prefill import open_prefill
+
+    prefill, why = open_prefill(shared.prefill)
+    assert why == "" and set(prefill.ids) == {"b"}
+    assert prefill.key["backend"] == "vllm" and prefill.key["engine"].startswith("vllm")
+    assert prefill.key["layers"] == list(LAYERS)
+    b = repaired["table"][1]
+    aux, final = prefill.features("b")
+    ref_aux, ref_final = in_process_features(lm, b["input_ids"])
+    assert aux.shape == ref_aux.shape and rel(aux, ref_aux) < 1e-3 and rel(final, ref_final) < 1e-3
+    # The spool (a file per named first-pass request, none for the window requests) is gone.
+    assert sorted(p.name for p in shared.prefill.iterdir()) == ["manifest.json", "shard-00000.safetensors"]
+    m = repaired["repair_metrics"]
+    assert (m["prefill_rows"], m["prefill_tokens"]) == (1, len(b["input_ids"])) and "prefill_skipped" not in m
+
+
+def test_the_hidden_stage_copies_the_kept_row_and_sends_only_the_repaired_one_to_its_engine(repaired, lm):
+    from draftgate.hidden.reader import OfflineFeatures
+
+    m = repaired["hidden_metrics"]
+    a, b = repaired["table"]
+    assert (m["prefill_rows"], m["extracted_rows"]) == (1, 1)
+    assert (m["prefill_tokens"], m["extracted_tokens"]) == (len(b["input_ids"]), len(a["input_ids"]))
+    assert m["device"].startswith("vllm") and "prefill_unused" not in m
+    stored = OfflineFeatures(repaired["hidden"], repaired["root"] / "repaired" / "tokens.parquet", verify_hashes=True)
+    assert stored.prompt_ids == ["a", "b"]
+    for r in (a, b):
+        got = stored.get(r["prompt_id"])
+        assert got.input_ids.tolist() == r["input_ids"]
+        ref_aux, ref_final = in_process_features(lm, r["input_ids"])
+        assert rel(got.aux, ref_aux) < 1e-3 and rel(got.final, ref_final) < 1e-3
 
 
 # ---------------------------------------------------------------- the template as the engine renders it

@@ -211,3 +211,19 @@ def test_features_shared_with_repair_pass_the_hidden_gate(tmp_path, target):
     result = run_hidden_gate(out, world["tokens"], world["params"])
     assert result["success"], [e for e in result["expectations"] if not e["success"]]
     assert len(result["computed"]["report"]["resampled"]) == 3
+
+
+def test_only_the_in_process_pair_or_an_engine_draftgate_starts_for_both_stages_shares_the_prefill():
+    from draftgate.config import parse_params
+    from draftgate.repair.run import prefill_skipped
+
+    def skipped(repair: dict, hidden: dict):
+        return prefill_skipped(parse_params({"repair": repair, "hidden": hidden}))
+
+    assert skipped({"backend": "hf"}, {"backend": "in_process"}) is None
+    assert skipped({"backend": "vllm"}, {"backend": "vllm"}) is None           # repair/engine.py starts it
+    assert "repair.base_url" in skipped({"backend": "vllm", "base_url": "http://127.0.0.1:9/v1"}, {"backend": "vllm"})
+    assert "hidden.backend in_process" in skipped({"backend": "vllm"}, {"backend": "in_process"})
+    assert "hidden.backend vllm" in skipped({"backend": "hf"}, {"backend": "vllm"})
+    assert "hidden.mode online" in skipped({"backend": "hf"}, {"mode": "online"})
+    assert "repair.backend sglang" in skipped({"backend": "sglang", "base_url": "http://127.0.0.1:9"}, {})

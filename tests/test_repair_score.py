@@ -247,7 +247,7 @@ def test_the_local_servers_scoring_route_answers_in_vllms_shape(lm, ids):
         scorer = VllmScorer(url, lm.name, Sampling(1.0))
         got = scorer.score(ids, 1).logprobs
         bad = VllmScorer(url, lm.name, Sampling(1.0))
-        bad.request_body = lambda i: {"prompt": "text", "prompt_logprobs": 1, "max_tokens": 1}
+        bad.request_body = lambda i, name=None: {"prompt": "text", "prompt_logprobs": 1, "max_tokens": 1}
         with pytest.raises(ScoreError, match="list of token ids"):
             bad.score(ids, 1)
     # At temperature 1 with no nucleus the raw logprobs ARE the answer: equal to the in-process ones.

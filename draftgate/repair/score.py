@@ -732,10 +732,13 @@ class _HTTPScorer:
     ~0.5 s each) against 6-17 s in process."""
 
     def __init__(self, base_url: str, model: str | None, sampling: Sampling, top_logprobs: int = 20,
-                 post: Any = post_json, concurrency: int = 16):
+                 post: Any = post_json, concurrency: int = 16, spool: Any = None):
         self.base_url, self.model, self.sampling = base_url.rstrip("/"), model, sampling
         self.top_logprobs, self.post, self.concurrency = top_logprobs, post, max(1, concurrency)
         self.counters = Counters()
+        # repair/engine.py's SpoolCapture: the base pass's requests name a file the engine writes
+        # the row's hidden states to (an engine draftgate started with the hidden settings).
+        self.spool = spool
 
     def score(self, ids: Sequence[int], start: int, ask: Sequence[Sequence[int]] | None = None,
               replace: Sequence[int] | None = None) -> Scored:
@@ -744,15 +747,21 @@ class _HTTPScorer:
     def score_many(self, asks: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None,
                                               Sequence[int] | None]]) -> list[Scored]:
         """Several rows' next bases, their requests in flight together (the engine reuses what it
-        cached of each; `replace` means nothing here)."""
-        return self.score_rows([(ids, start, ask) for ids, start, ask, _ in asks])
+        cached of each; `replace` means nothing here). Never named: only the first pass is the
+        hidden stage's prefill."""
+        return self._score([(ids, start, ask) for ids, start, ask, _ in asks], named=False)
 
     def score_rows(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]]) -> list[Scored]:
+        return self._score(rows, named=self.spool is not None)
+
+    def _score(self, rows: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None]],
+               named: bool) -> list[Scored]:
         for ids, start, _ in rows:
             if not 1 <= start <= len(ids):
                 raise ScoreError(f"start {start} must be in 1..{len(ids)} (the first token has no context)")
         out = []
-        for raws, (_, _, ask) in zip(self._checked_many([(list(ids), start) for ids, start, _ in rows]), rows):
+        asks = [(list(ids), start, self.spool.name(ids) if named else None) for ids, start, _ in rows]
+        for raws, (_, _, ask) in zip(self._checked_many(asks), rows):
             mine, asked = [], []
             for k, raw in enumerate(raws):
                 want = list(ask[k]) if ask else []
@@ -762,11 +771,14 @@ class _HTTPScorer:
             out.append(Scored(mine, asked))
         return out
 
-    def features(self, ids: Sequence[int]) -> None:
-        return None      # an engine's prompt logprobs carry no hidden states (docs/engines.md)
+    def features(self, ids: Sequence[int]) -> Any:
+        """With a spool: a call that waits for the row's file and returns (aux, final), proven to
+        be these ids'. Without one, None: prompt logprobs carry no hidden states (docs/engines.md)."""
+        return None if self.spool is None else self.spool.reader(ids)
 
     def release(self, keys: Iterable[tuple[int, ...]] | None = None) -> None:
-        pass
+        if self.spool is not None:
+            self.spool.drop(keys)
 
     def score_branches(self, base: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]) -> list[list[float]]:
         base = list(base)
@@ -797,18 +809,19 @@ class _HTTPScorer:
             out.append(mine)
         return out
 
-    def _checked_many(self, asks: Sequence[tuple[list[int], int]]) -> list[list[RawPosition]]:
-        """`_checked` for each (ids, start), the requests in flight together; answers in order."""
+    def _checked_many(self, asks: Sequence[tuple[list[int], int] | tuple[list[int], int, str | None]]
+                      ) -> list[list[RawPosition]]:
+        """`_checked` for each (ids, start[, file name]), the requests in flight together; answers in order."""
         if len(asks) <= 1 or self.concurrency == 1:
-            return [self._checked(ids, start) for ids, start in asks]
+            return [self._checked(*a) for a in asks]
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(min(self.concurrency, len(asks))) as pool:
             answers = list(pool.map(lambda a: self._positions(*a), asks))
-        return [self._check(ids, start, raws) for (ids, start), raws in zip(asks, answers)]
+        return [self._check(a[0], a[1], raws) for a, raws in zip(asks, answers)]
 
-    def _checked(self, ids: list[int], start: int) -> list[RawPosition]:
-        return self._check(ids, start, self._positions(ids, start))
+    def _checked(self, ids: list[int], start: int, name: str | None = None) -> list[RawPosition]:
+        return self._check(ids, start, self._positions(ids, start, name))
 
     def _check(self, ids: list[int], start: int, raws: list[RawPosition]) -> list[RawPosition]:
         self.counters.forwards += 1
@@ -826,13 +839,17 @@ class _HTTPScorer:
 class VllmScorer(_HTTPScorer):
     """vLLM's (and the local server's) /v1/completions with `prompt_logprobs` (module docstring)."""
 
-    def request_body(self, ids: Sequence[int]) -> dict:
+    def request_body(self, ids: Sequence[int], name: str | None = None) -> dict:
         body = {"prompt": list(ids), "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": self.top_logprobs}
+        if name is not None:     # the connector writes this request's hidden states to <spool>/<name>
+            from draftgate.engine.spool import NAME_PARAM
+
+            body["kv_transfer_params"] = {NAME_PARAM: name}
         return {"model": self.model, **body} if self.model else body
 
-    def _positions(self, ids: list[int], start: int) -> list[RawPosition]:
-        answer = self.post(f"{self.base_url}/v1/completions", self.request_body(ids))
+    def _positions(self, ids: list[int], start: int, name: str | None = None) -> list[RawPosition]:
+        answer = self.post(f"{self.base_url}/v1/completions", self.request_body(ids, name))
         try:
             entries = answer["choices"][0]["prompt_logprobs"]
         except (KeyError, IndexError, TypeError):
@@ -862,7 +879,9 @@ class SglangScorer(_HTTPScorer):
                 "return_logprob": True, "logprob_start_len": start, "top_logprobs_num": self.top_logprobs,
                 "return_text_in_logprobs": False}
 
-    def _positions(self, ids: list[int], start: int) -> list[RawPosition]:
+    def _positions(self, ids: list[int], start: int, name: str | None = None) -> list[RawPosition]:
+        if name is not None:
+            raise ScoreError("SGLang has no draftgate KV connector: its base pass cannot keep hidden states")
         answer = self.post(f"{self.base_url}/generate", self.request_body(ids, start))
         if isinstance(answer, list):          # a batch answer for one request
             answer = answer[0]

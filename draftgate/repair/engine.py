@@ -1,0 +1,132 @@
+"""`repair.backend: vllm` without a base_url: the repair stage starts vLLM itself, and where the
+hidden stage extracts through vLLM too, one engine request per row serves both stages.
+
+The engine runs with the hidden backend's settings (vLLM's `extract_hidden_states`, draftgate's
+KV connector, no prefix cache; engine/spool.py `server_args`) beside what scoring needs (prompt
+log-probabilities). The search's first pass over each row (VllmScorer.score_rows) names a file in
+the request's `kv_transfer_params`; the connector writes the row's captured states there, and the
+rows whose ids the search kept go to the prefill (draftgate/prefill.py) exactly as the in-process
+base pass's do. Window, node and re-score requests carry no name: the connector writes nothing for
+them. `bench/engine_shared_prefill.py` measured the pair (logprobs within 3.8e-5 nats, features
+within 1.8e-6 of the in-process target on 8 demo rows); docs/repair.md, "One prefill for two
+stages", says the design.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+SPOOL = ".vllm"            # inside the prefill directory while the engine runs
+FILE_WAIT_S = 120.0        # the connector writes a row one engine step after its answer
+SERVED_NAME = "target"
+
+
+@dataclass
+class SpoolCapture:
+    """The base pass's hidden-state files: a name per row asked, read once the engine wrote it."""
+    directory: Path
+    layers: tuple[int, ...]
+    num_layers: int
+    hidden_size: int
+    dtype: str
+    log_path: Path | None = None
+    names: dict[tuple[int, ...], str] = field(default_factory=dict)   # live rows -> file stem
+    issued: set[str] = field(default_factory=set)
+
+    def name(self, ids: Sequence[int]) -> str:
+        key = tuple(ids)
+        if key not in self.names:         # a row repeated in one batch: one file, written twice alike
+            self.names[key] = f"b{len(self.issued):08d}"
+            self.issued.add(self.names[key])
+        return self.names[key]
+
+    def reader(self, ids: Sequence[int]) -> Any:
+        """A call returning (aux, final) in `dtype` once the row's file is there, or None (no file asked)."""
+        import numpy as np
+
+        name = self.names.get(tuple(ids))
+        if name is None:
+            return None
+        path, want = self.directory / f"{name}.safetensors", np.asarray(ids, dtype=np.int64)
+
+        def read() -> tuple[Any, Any]:
+            from draftgate.engine.launch import EngineError
+            from draftgate.engine.spool import read_spooled
+
+            deadline = time.monotonic() + FILE_WAIT_S
+            while not path.is_file():
+                if time.monotonic() > deadline:
+                    raise EngineError(f"{path}: the engine wrote no hidden states for the row {FILE_WAIT_S:.0f} s "
+                                      f"after its answer; the connector failed (engine log: {self.log_path})")
+                time.sleep(0.02)
+            return read_spooled(path, want, self.layers, self.num_layers, self.hidden_size, self.dtype)
+        return read
+
+    def drop(self, keys: Iterable[tuple[int, ...]] | None) -> None:
+        for key in list(self.names) if keys is None else keys:
+            name = self.names.pop(tuple(key), None)
+            if name is not None:
+                (self.directory / f"{name}.safetensors").unlink(missing_ok=True)
+
+    def strays(self) -> list[str]:
+        """Files the engine wrote that no first-pass request named (a connector writing every
+        request would fill the disk with the search's window requests)."""
+        return sorted(p.name for p in self.directory.glob("*.safetensors") if p.stem not in self.issued)
+
+
+def engine_key(engine_params: Any) -> dict[str, Any]:
+    """What the engine adds to a prefill's key (the hidden stage's engine key has the same fields):
+    another build or tensor-parallel split computes other bits."""
+    from draftgate.engine.launch import engine_python
+    from draftgate.engine.spool import engine_version
+
+    return {"backend": "vllm", "engine": engine_version(engine_python(engine_params.python)),
+            "tensor_parallel": engine_params.tensor_parallel}
+
+
+@contextlib.contextmanager
+def engine_scorer(params: Any, sampling: Any, prefill: Path | None) -> Iterator[tuple[Any, Any]]:
+    """(VllmScorer on an engine started here, PrefillWriter or None) for the length of the block.
+    `prefill`: the directory the kept rows' features go to (the engine then captures them)."""
+    from draftgate.engine.launch import EngineError, launch_settings, running_vllm
+    from draftgate.engine.spool import server_args
+    from draftgate.engine.target import served_model
+    from draftgate.prefill import PrefillWriter, feature_key
+    from draftgate.repair.score import VllmScorer
+    from draftgate.target import describe_target, resolve_layers
+
+    rp, hp = params.repair, params.hidden
+    model = served_model(hp)
+    settings = launch_settings(params.engine)
+    capture = writer = None
+    if prefill is not None:
+        target = describe_target(hp)
+        layers = tuple(resolve_layers(hp.layers, target.num_layers))
+        writer = PrefillWriter(Path(prefill), {**feature_key(target, layers, hp.dtype), **engine_key(params.engine)})
+        spool = (Path(prefill) / SPOOL).resolve()
+        shutil.rmtree(spool, ignore_errors=True)
+        spool.mkdir(parents=True)
+        capture = SpoolCapture(spool, layers, target.num_layers, target.hidden_size, hp.dtype)
+        settings["extra_args"] = tuple(settings["extra_args"]) + server_args(layers, target.num_layers, spool)
+    try:
+        # The hidden engine's compute dtype where the features are kept (their key names it); else
+        # the checkpoint's own (running_vllm never lets vLLM downcast).
+        with running_vllm(model.path, served_name=SERVED_NAME, dtype=hp.compute_dtype if capture else None,
+                          **settings) as engine:
+            print(f"repair: vLLM serving {model.path} at {engine.base_url} (pid {engine.pid}, log {engine.log_path})"
+                  + (f"; the first pass keeps hidden.layers {list(capture.layers)} for the hidden stage" if capture else ""))
+            if capture is not None:
+                capture.log_path = engine.log_path
+            yield VllmScorer(engine.root_url, engine.served_name, sampling, rp.top_logprobs, spool=capture), writer
+            if capture is not None and capture.strays():
+                raise EngineError(f"the engine wrote hidden states for requests repair did not name "
+                                  f"({capture.strays()[:3]}...): is {capture.directory.parent}'s connector "
+                                  "draftgate/hidden/vllm_connector.py of this checkout?")
+    finally:
+        if capture is not None:
+            shutil.rmtree(capture.directory, ignore_errors=True)
