@@ -18,7 +18,7 @@ notes when each appears in the spool). The ratio is vLLM over in process, both w
 A wrong result fails first: the two outputs must hold the same shard names and sizes, the same
 index, and equal ids, loss masks and row offsets in every shard. Agreement of the features
 (bf16 as stored): the share of equal values and the largest relative L2 error per shard, for
-the aux and final states (tests/test_engine_hidden.py holds < 1e-3; measured <= 5.1e-5 there).
+the aux and final states (tests/test_engine_vllm.py holds < 1e-3; measured <= 5.1e-5 there).
 Targets: every shard's aux and final relative L2 error <= 1e-3. No speed target: on 2 CPU cores
 the engine's start dominates for a 135M model (docs/engines.md); the figures are recorded.
 Writes bench/results/engine_hidden.json, with the load average (a shared machine skews timings).

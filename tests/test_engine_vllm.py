@@ -1,7 +1,11 @@
 """The real vLLM (.venv-engine) in the loop: the launcher, generate's `backend: vllm`, repair's
 VllmScorer and the template contract's `contract.engine: vllm`, against ONE engine serving the
-embedded SmolLM2 (module scope, eager, `--enable-scale-out` for its render endpoint; its start
-dominates this file: ~30 s on 2 quiet cores, ~80 s under load). Generation stays tiny.
+embedded SmolLM2 (module scope, eager, `--enable-scale-out` for its render endpoint, and the
+hidden capture the repair stage starts it with; its start: ~30 s on 2 quiet cores, ~80 s under
+load). Generation stays tiny. The hidden stage's `backend: vllm` (its own offline engine, the
+file's second start) runs on the repair stage's output: it copies the row repair's engine prefilled
+and writes the in-process layout; the hidden gate stays the second opinion and fails a connector
+that captures the wrong layer or shifts positions.
 
 What the engine must show (FACTS, "The real vLLM on this CPU"): the served prompt ids are
 draftgate's rendering, the choice's ids are the truth (equal to our model's own greedy ids), the
@@ -250,7 +254,7 @@ def repaired(shared, lm, tmp_path_factory):
     from draftgate.repair.search import Vocab
     from draftgate.serve.model import smollm2_tokenizer
     from hidden_fixtures import metrics_of, write_gate, write_tokens
-    from stages import hidden, repair
+    from stages import repair
     from test_repair_search import TRANSPOSE, row
 
     root = shared.prefill.parent
@@ -263,9 +267,14 @@ def repaired(shared, lm, tmp_path_factory):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["repair"].update({"backend": "vllm", "base_url": None, "temperature": 0.7, "top_p": 1.0,
                              "min_confidence": 0.0})
+    params["generate"]["temperature"] = 0.7                # the rows' sampler (the hidden gate's explained share)
     params["hidden"].update({"backend": "vllm", "mode": "offline", "device": "cpu", "threads": 1, "layers": None})
     params["engine"] = {**params.get("engine", {}), "python": str(engine_python())}
+    params.setdefault("gates", {})["hidden"] = {**params["gates"].get("hidden", {}), "resample_rows": 2,
+                                                "resample_seed": 0}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
+    params["hidden"]["backend"] = "in_process"
+    (root / "in_process.yaml").write_text(yaml.safe_dump(params))
     started: dict = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(launch, "running_vllm", standing_in(shared.engine, started))
@@ -273,14 +282,30 @@ def repaired(shared, lm, tmp_path_factory):
                             "--vocab", str(root / "vocab.parquet"), "--gate", str(root / "gate.json"),
                             "--out", str(root / "repaired" / "tokens.parquet"), "--prefill", str(shared.prefill),
                             "--metrics", str(root / "repair-metrics" / "repair.json")]) == 0
-    out = root / "hidden"
-    assert hidden.main(["--params", str(root / "params.yaml"), "--tokens", str(root / "repaired" / "tokens.parquet"),
-                        "--gate", str(root / "gate.json"), "--out", str(out), "--prefill", str(shared.prefill),
-                        "--metrics", str(root / "hidden-metrics" / "hidden.json")]) == 0
-    return {"root": root, "rows": rows, "truth": truth, "started": started, "hidden": out,
+    out = run_hidden(root, "hidden", "params.yaml", "--prefill", str(shared.prefill))
+    metrics = metrics_of(out)
+    in_process = run_hidden(root, "in_process", "in_process.yaml")       # the reference: no engine, no prefill
+    return {"root": root, "rows": rows, "truth": truth, "started": started, "hidden": out, "in_process": in_process,
+            "tokens": root / "repaired" / "tokens.parquet", "params": root / "params.yaml",
             "table": pq.read_table(root / "repaired" / "tokens.parquet").to_pylist(),
             "repair_metrics": json.loads((root / "repair-metrics" / "repair.details.json").read_text()),
-            "hidden_metrics": metrics_of(out)}
+            "hidden_metrics": metrics}
+
+
+def run_hidden(root: Path, name: str, params: str, *more: str, code: int = 0) -> Path:
+    """The hidden stage as dvc.yaml runs it: from its workspace, every path relative (the engine
+    runs elsewhere: a relative path handed to it would name nothing)."""
+    from stages import hidden
+
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        assert hidden.main(["--params", params, "--tokens", "repaired/tokens.parquet", "--gate", "gate.json",
+                            "--out", name, "--metrics", f"{name}-metrics/hidden.json",
+                            *(m.replace(f"{root}{os.sep}", "") for m in more)]) == code
+    finally:
+        os.chdir(here)
+    return root / name
 
 
 def in_process_features(lm, ids: list[int]):
@@ -353,6 +378,130 @@ def test_the_hidden_stage_copies_the_kept_row_and_sends_only_the_repaired_one_to
         assert got.input_ids.tolist() == r["input_ids"]
         ref_aux, ref_final = in_process_features(lm, r["input_ids"])
         assert rel(got.aux, ref_aux) < 1e-3 and rel(got.final, ref_final) < 1e-3
+
+
+# ---------------------------------------------------------------- the hidden stage through vLLM, and its gate
+# (hidden.backend vllm: the stage's engine prefills row a, row b comes from repair's prefill; the
+# in-process run of the same table is the reference; docs/engines.md, "Hidden states")
+
+def hidden_gate(repaired, hidden_dir):
+    from test_hidden_gate_files import run_hidden_gate
+
+    return run_hidden_gate(hidden_dir, repaired["tokens"], repaired["params"])
+
+
+def failed(result) -> set[str]:
+    return {e["kwargs"].get("column", e["type"]) for e in result["expectations"] if not e["success"]}
+
+
+def shards(out) -> dict:
+    from safetensors import safe_open
+
+    found = {}
+    for path in sorted(out.glob("shard-*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            found[path.name] = ({k: f.get_tensor(k) for k in f.keys()}, f.metadata())
+    return found
+
+
+def feature_rows(out) -> list:
+    """The stored rows, as the gate tests' writer takes them."""
+    from test_hidden_gate_files import FeatureRow
+
+    rows = []
+    for tensors, meta in shards(out).values():
+        offsets = tensors["row_offsets"].tolist()
+        for k, pid in enumerate(json.loads(meta["prompt_ids"])):
+            a, b = offsets[k], offsets[k + 1]
+            rows.append(FeatureRow(pid, tensors["input_ids"][a:b].tolist(), tensors["loss_mask"][a:b].tolist(),
+                                   tensors["aux"][a:b].clone(), tensors["final"][a:b].clone()))
+    return rows
+
+
+def corrupted(repaired, name: str, rows: list):
+    import shutil
+
+    from test_hidden_gate_files import write_hidden_dir
+
+    out = repaired["root"] / name
+    shutil.rmtree(out, ignore_errors=True)
+    return write_hidden_dir(out, rows, repaired["tokens"])
+
+
+def test_the_engine_writes_the_in_process_layout_with_the_tokens_ids_exactly(repaired):
+    engine, ours = repaired["hidden"], repaired["in_process"]
+    assert sorted(p.name for p in engine.iterdir()) == sorted(p.name for p in ours.iterdir())   # no spool left
+    assert pq.read_table(engine / "index.parquet").equals(pq.read_table(ours / "index.parquet"))
+    m_engine, m_ours = (json.loads((d / "manifest.json").read_text()) for d in (engine, ours))
+    assert m_engine["backend"] == "vllm" and m_engine["engine"].startswith("vllm")
+    same = ("format", "rows", "tokens", "tokens_sha256", "model", "tokenizer_fingerprint", "dtype", "layers",
+            "final_state", "feature_bytes_per_token", "plan")
+    assert {k: m_engine[k] for k in same} == {k: m_ours[k] for k in same}
+    assert [(s["name"], s["rows"], s["tokens"], s["bytes"]) for s in m_engine["shards"]] == \
+        [(s["name"], s["rows"], s["tokens"], s["bytes"]) for s in m_ours["shards"]]
+    for (e, e_meta), (o, o_meta) in zip(shards(engine).values(), shards(ours).values()):
+        assert e_meta == o_meta
+        for key in ("input_ids", "loss_mask", "row_offsets"):
+            assert e[key].equal(o[key]), key
+        for key in ("aux", "final"):
+            assert rel(e[key], o[key]) < 1e-3, key     # measured <= 5.1e-5: fp32 forwards, both rounded to bf16
+
+
+def test_the_hidden_gate_passes_the_engines_shards(repaired):
+    result = hidden_gate(repaired, repaired["hidden"])
+    assert failed(result) == set(), json.dumps(result["expectations"], indent=1)[:3000]
+
+
+def test_the_gate_fails_a_connector_that_puts_a_layer_in_anothers_slot(repaired):
+    rows = feature_rows(repaired["hidden"])
+    for r in rows:    # what a connector ignoring vLLM's ascending capture order stores for layers [14, 1, 26]
+        r.aux = r.aux[:, [1, 0, 2]].contiguous()
+    assert "reextraction_differs" in failed(hidden_gate(repaired, corrupted(repaired, "wrong_layer", rows)))
+
+
+def test_the_gate_fails_a_connector_that_shifts_positions_by_one(repaired):
+    import torch
+
+    rows = feature_rows(repaired["hidden"])
+    for r in rows:    # position t holds the state of t - 1 (a slot mapping one off)
+        r.aux = torch.cat([r.aux[:1], r.aux[:-1]])
+        r.final = torch.cat([r.final[:1], r.final[:-1]])
+    assert {"sampled_explained_share", "reextraction_differs"} <= \
+        failed(hidden_gate(repaired, corrupted(repaired, "shifted", rows)))
+
+
+def test_a_rerun_resumes_every_shard_without_starting_the_engine(repaired, shared):
+    from hidden_fixtures import metrics_of
+
+    out = repaired["hidden"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    run_hidden(repaired["root"], "hidden", "params.yaml", "--prefill", str(shared.prefill))
+    figures = metrics_of(out)
+    assert figures["computed_shards"] == 0 and figures["extracted_tokens"] == 0
+    assert figures["resumed_shards"] == repaired["hidden_metrics"]["computed_shards"] >= 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_missing_engine_environment_fails_the_hidden_stage_naming_the_python_and_the_fix(repaired, capsys):
+    params = yaml.safe_load(repaired["params"].read_text())
+    params["engine"] = {**params.get("engine", {}), "python": str(repaired["root"] / "no-such-python")}
+    (repaired["root"] / "no_engine.yaml").write_text(yaml.safe_dump(params))
+    out = run_hidden(repaired["root"], "no_engine", "no_engine.yaml", code=1)
+    err = capsys.readouterr().err
+    assert "no-such-python" in err and "vLLM" in err
+    assert not (out / "manifest.json").exists()
+
+
+def test_an_engine_whose_shutdown_fails_after_every_row_was_verified_is_noted_with_its_log_not_failed(tmp_path):
+    from draftgate.hidden.vllm_backend import exit_note
+
+    log = tmp_path / "engine.log"
+    log.write_text("shard-00001 done\nRuntimeError: worker died during shutdown\n")
+    assert exit_note(0, log) is None
+    note = exit_note(-11, log)
+    assert "exited with status -11 after every row was written and verified" in note
+    assert note.endswith("RuntimeError: worker died during shutdown")     # the spool (and its log) goes next
+    assert "was still running 30 s later and was stopped" in exit_note(None, log)
 
 
 # ---------------------------------------------------------------- the template as the engine renders it
