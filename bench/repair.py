@@ -24,20 +24,20 @@ Through the real vLLM (`--backend vllm`; .venv-engine, `make engine`):
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python -m bench.repair --backend vllm --temperature 0.7
 
 The same rows (generated in process, the same cache) and the same search (search_rows), its scorer
-a VllmScorer against vLLM's OpenAI server started on the embedded model as bench/engine.py starts
-it (eager on CPU, 1 GiB KV cache), top `repair.top_logprobs` raw log-probabilities per position,
-tempered from those (docs/repair.md, "Scoring backends"). Grading is shared with the in-process
-run; the "search_miss" split still re-scores the missed rows with the in-process target. The
-baseline is the hidden-style forward of the same rows through the same engine: one
-`/v1/completions` request per row, `prompt` its ids (prompt + canonical), `max_tokens` 1, every row
-in flight at once; timed twice, with `prompt_logprobs` (VllmScorer.score_rows over all rows: what
-the base pass asks) and without (the plain prefill). `extra_over_plain` is against the plain one:
-(search seconds - base-phase seconds) / plain prefill seconds. vLLM skips reading its prefix cache
-for requests with prompt logprobs (SamplingParams.skip_reading_prefix_cache), so every request the
-search sends, each trie node included, is a full prefill of its ids there; it still writes the
-blocks it computed, so the plain baseline runs first on the fresh engine (after a warm-up on
-unrelated ids), before anything has cached these rows: its prefix-cache hits are then only the
-rows' shared prefixes among themselves (reported, from /metrics). Engine CPU seconds are the
+a VllmScorer on the engine the repair stage starts to share its first pass with the hidden stage
+(draftgate/repair/engine.py: the embedded model, eager on CPU, 1 GiB KV cache, vLLM's
+`extract_hidden_states` with draftgate's connector, no prefix cache): top `repair.top_logprobs` raw
+log-probabilities per position, tempered from those (docs/repair.md, "Scoring backends"), and the
+first pass's rows named so the engine writes their features, which the rows the search kept give
+to a prefill as the stage's do (read and proven: part of the search's seconds). Grading is shared
+with the in-process run; the "search_miss" split still re-scores the missed rows with the
+in-process target. The baseline is the hidden-style forward of the same rows through the same
+engine: one `/v1/completions` request per row, `prompt` its ids (prompt + canonical), `max_tokens`
+1, every row in flight at once (the capture runs; no file is named); timed twice, with
+`prompt_logprobs` (VllmScorer.score_rows over all rows: what the base pass asks) and without (the
+plain prefill). `extra_over_plain` is against the plain one: (search seconds - base-phase seconds)
+/ plain prefill seconds. Without a prefix cache every request the search sends, each trie node
+included, is a full prefill of its ids. Engine CPU seconds are the
 engine process group's (/proc), the client's are this process's.
 """
 
@@ -304,8 +304,10 @@ def search_through_vllm(rows: list[dict], target, vocab, params, args) -> tuple:
     docstring), then the search with a VllmScorer; the engine stops before grading."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from draftgate.engine.launch import running_vllm
-    from draftgate.engine.model import SERVED_NAME, servable_dir
+    import tempfile
+
+    from draftgate.config import as_dict, parse_params
+    from draftgate.repair.engine import engine_scorer
     from draftgate.repair.score import Sampling, ScoreError, VllmScorer, post_json
     from draftgate.repair.search import search_rows
 
@@ -316,8 +318,14 @@ def search_through_vllm(rows: list[dict], target, vocab, params, args) -> tuple:
     def patient(url: str, body: dict) -> dict:     # every row at once on 2 cores: past post_json's 120 s
         return post_json(url, body, 1800.0)
 
+    # The engine as the repair stage starts it to share its first pass with the hidden stage
+    # (repair/engine.py: the hidden capture on, each first-pass row's features kept to a prefill).
+    full = parse_params({"repair": {**as_dict(params), "backend": "vllm", "base_url": None},
+                         "hidden": {"backend": "vllm"}, "engine": {"kvcache_gib": 1}})
     start = time.perf_counter()
-    with running_vllm(servable_dir().path, served_name=SERVED_NAME, kvcache_gib=1) as engine:
+    with tempfile.TemporaryDirectory(prefix="draftgate-bench-repair-") as tmp, \
+            engine_scorer(full, sampling, Path(tmp) / "prefill") as (shared, writer, engine):
+        SERVED_NAME = engine.served_name
         figures["start_s"] = round(time.perf_counter() - start, 1)
         figures["log"] = str(engine.log_path)
         url = f"{engine.root_url}/v1/completions"
@@ -348,10 +356,18 @@ def search_through_vllm(rows: list[dict], target, vocab, params, args) -> tuple:
         figures["logprobs"] = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c,
                                "engine_cpu_s": engine_cpu_s(engine.pid) - e}
 
-        scorer = VllmScorer(engine.root_url, SERVED_NAME, sampling, params.top_logprobs)
+        scorer = shared
+        triples = [(r["prompt"], r["canon"], target(r)) for r in rows]
+
+        def keep(batch: list) -> None:    # what the stage does with the rows its search kept (run.py)
+            kept = [(i, f()) for i, f in batch if f is not None]
+            writer.add([f"r{i}" for i, _ in kept], [seqs[i] for i, _ in kept], [f for _, f in kept])
+
         t, c, e = time.perf_counter(), time.process_time(), engine_cpu_s(engine.pid)
-        outcomes = list(search_rows([(r["prompt"], r["canon"], target(r)) for r in rows], scorer, vocab, params))
+        outcomes = list(search_rows(triples, scorer, vocab, params, prefill=keep))
         search_s, search_cpu = time.perf_counter() - t, time.process_time() - c
+        manifest = writer.close()
+        figures["prefill"] = {"rows": manifest["rows"], "tokens": manifest["tokens"]}
         figures["search_engine_cpu_s"] = engine_cpu_s(engine.pid) - e
         figures["search_requests"] = scorer.counters.forwards
         figures["search_request_tokens"] = scorer.counters.tokens

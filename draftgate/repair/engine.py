@@ -19,7 +19,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 SPOOL = ".vllm"            # inside the prefill directory while the engine runs
 FILE_WAIT_S = 120.0        # the connector writes a row one engine step after its answer
@@ -89,10 +89,16 @@ def engine_key(engine_params: Any) -> dict[str, Any]:
             "tensor_parallel": engine_params.tensor_parallel}
 
 
+class EngineScoring(NamedTuple):
+    scorer: Any          # VllmScorer on the engine (its first pass names a file per row where `writer`)
+    writer: Any          # prefill.PrefillWriter, or None (no prefill asked for)
+    engine: Any          # engine.launch.Engine: its address, pid and log
+
+
 @contextlib.contextmanager
-def engine_scorer(params: Any, sampling: Any, prefill: Path | None) -> Iterator[tuple[Any, Any]]:
-    """(VllmScorer on an engine started here, PrefillWriter or None) for the length of the block.
-    `prefill`: the directory the kept rows' features go to (the engine then captures them)."""
+def engine_scorer(params: Any, sampling: Any, prefill: Path | None) -> Iterator[EngineScoring]:
+    """The scorer on an engine started here, for the length of the block. `prefill`: the
+    directory the kept rows' features go to (the engine then captures them)."""
     from draftgate.engine.launch import EngineError, launch_settings, running_vllm
     from draftgate.engine.spool import server_args
     from draftgate.engine.target import served_model
@@ -122,7 +128,8 @@ def engine_scorer(params: Any, sampling: Any, prefill: Path | None) -> Iterator[
                   + (f"; the first pass keeps hidden.layers {list(capture.layers)} for the hidden stage" if capture else ""))
             if capture is not None:
                 capture.log_path = engine.log_path
-            yield VllmScorer(engine.root_url, engine.served_name, sampling, rp.top_logprobs, spool=capture), writer
+            yield EngineScoring(VllmScorer(engine.root_url, engine.served_name, sampling, rp.top_logprobs, spool=capture),
+                                writer, engine)
             if capture is not None and capture.strays():
                 raise EngineError(f"the engine wrote hidden states for requests repair did not name "
                                   f"({capture.strays()[:3]}...): is {capture.directory.parent}'s connector "

@@ -321,7 +321,7 @@ def opened(params: Any, tokens: Any, vocab: Any, truth: Any = None, prefill: Any
             if params.repair.backend == "vllm" and not params.repair.base_url:
                 from draftgate.repair.engine import engine_scorer
 
-                scorer, writer = stack.enter_context(engine_scorer(params, sampling, prefill if skipped is None else None))
+                scorer, writer, _ = stack.enter_context(engine_scorer(params, sampling, prefill if skipped is None else None))
             elif skipped is None:
                 scorer, writer = _capturing_scorer(params, sampling, prefill)
             else:
