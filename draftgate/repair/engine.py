@@ -130,10 +130,11 @@ def engine_scorer(params: Any, sampling: Any, prefill: Path | None) -> Iterator[
                 capture.log_path = engine.log_path
             yield EngineScoring(VllmScorer(engine.root_url, engine.served_name, sampling, rp.top_logprobs, spool=capture),
                                 writer, engine)
-            if capture is not None and capture.strays():
-                raise EngineError(f"the engine wrote hidden states for requests repair did not name "
-                                  f"({capture.strays()[:3]}...): is {capture.directory.parent}'s connector "
-                                  "draftgate/hidden/vllm_connector.py of this checkout?")
+            strays = capture.strays() if capture is not None else []
+            if strays:
+                raise EngineError(f"{capture.directory}: the engine wrote hidden states for {len(strays)} requests repair "
+                                  f"did not name (e.g. {strays[0]}); draftgate's connector writes named requests only: "
+                                  "is the engine loading draftgate/hidden/vllm_connector.py from this checkout?")
     finally:
         if capture is not None:
             shutil.rmtree(capture.directory, ignore_errors=True)
