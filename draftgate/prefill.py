@@ -36,6 +36,12 @@ KEY_FIELDS = ("weights_fingerprint", "config_sha256", "layers", "dtype", "comput
 ENGINE_FIELDS = ("backend", "engine", "tensor_parallel")
 
 
+def engine_fields(engine: str, tensor_parallel: int) -> dict[str, Any]:
+    """ENGINE_FIELDS for features an engine computed: its build (vLLM's distribution and version)
+    and tensor-parallel split; the repair stage's prefill and the hidden stage's key both use them."""
+    return {"backend": "vllm", "engine": engine, "tensor_parallel": int(tensor_parallel)}
+
+
 def feature_key(target: Any, layers: Sequence[int], dtype: str) -> dict[str, Any]:
     """What a row's features are a function of, up to float noise (batching, threads, device):
     the hidden stage reuses a prefill only when its own key is equal."""

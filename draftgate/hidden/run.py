@@ -95,8 +95,9 @@ def run(params: Any, request: HiddenRequest) -> Any:
               "plan": {"batch_tokens": hp.batch_tokens, "shard_max_mb": hp.shard_max_mb}}
     if engine is not None:
         # The engine's bits: its build and its tensor-parallel split, not torch's threads here.
-        key = {**{k: v for k, v in key.items() if k != "threads"}, "backend": "vllm", "engine": engine,
-               "tensor_parallel": params.engine.tensor_parallel}
+        from draftgate.prefill import engine_fields
+
+        key = {**{k: v for k, v in key.items() if k != "threads"}, **engine_fields(engine, params.engine.tensor_parallel)}
         fields = {**fields, "backend": "vllm", "engine": engine}
     prefill, reuse, note = _reusable(request, params, rows, target, layers, engine)
     if reuse:     # the copied rows' last bits are the prefill's (its batching): a resumed shard must share them
@@ -113,7 +114,7 @@ def _reusable(request: HiddenRequest, params: Any, rows: Any, target: Any, layer
     for the in-process path, the same engine build's for hidden.backend vllm."""
     import numpy as np
 
-    from draftgate.prefill import ENGINE_FIELDS, KEY_FIELDS, feature_key, open_prefill
+    from draftgate.prefill import ENGINE_FIELDS, KEY_FIELDS, engine_fields, feature_key, open_prefill
 
     hp = params.hidden
 
@@ -126,7 +127,7 @@ def _reusable(request: HiddenRequest, params: Any, rows: Any, target: Any, layer
         return None, frozenset(), why
     mine = feature_key(target, layers, hp.dtype)
     if engine is not None:     # the repair stage's engine (repair/engine.py): the same build and split
-        mine = {**mine, "backend": "vllm", "engine": engine, "tensor_parallel": params.engine.tensor_parallel}
+        mine = {**mine, **engine_fields(engine, params.engine.tensor_parallel)}
     differ = [k for k in (*KEY_FIELDS, *ENGINE_FIELDS) if prefill.key.get(k) != mine.get(k)]
     if differ:
         return None, frozenset(), f"its features differ from this stage's in {', '.join(differ)}"

@@ -84,9 +84,9 @@ def engine_key(engine_params: Any) -> dict[str, Any]:
     another build or tensor-parallel split computes other bits."""
     from draftgate.engine.launch import engine_python
     from draftgate.engine.spool import engine_version
+    from draftgate.prefill import engine_fields
 
-    return {"backend": "vllm", "engine": engine_version(engine_python(engine_params.python)),
-            "tensor_parallel": engine_params.tensor_parallel}
+    return engine_fields(engine_version(engine_python(engine_params.python)), engine_params.tensor_parallel)
 
 
 class EngineScoring(NamedTuple):
