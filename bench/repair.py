@@ -26,7 +26,7 @@ Through the real vLLM (`--backend vllm`; .venv-engine, `make engine`):
 The same rows (generated in process, the same cache) and the same search (search_rows), its scorer
 a VllmScorer on the engine the repair stage starts to share its first pass with the hidden stage
 (draftgate/repair/engine.py: the embedded model, eager on CPU, 1 GiB KV cache, vLLM's
-`extract_hidden_states` with draftgate's connector, no prefix cache): top `repair.top_logprobs` raw
+`extract_hidden_states` with draftgate's connector, a prefix cache): top `repair.top_logprobs` raw
 log-probabilities per position, tempered from those (docs/repair.md, "Scoring backends"), and the
 first pass's rows named so the engine writes their features, which the rows the search kept give
 to a prefill as the stage's do (read and proven: part of the search's seconds). Grading is shared
@@ -36,8 +36,9 @@ engine: one `/v1/completions` request per row, `prompt` its ids (prompt + canoni
 1, every row in flight at once (the capture runs; no file is named); timed twice, with
 `prompt_logprobs` (VllmScorer.score_rows over all rows: what the base pass asks) and without (the
 plain prefill). `extra_over_plain` is against the plain one: (search seconds - base-phase seconds)
-/ plain prefill seconds. Without a prefix cache every request the search sends, each trie node
-included, is a full prefill of its ids. Engine CPU seconds are the
+/ plain prefill seconds. A trie node is a one-token generation request the prefix cache serves
+(the first pass's rows ask for prompt logprobs, which vLLM never reads from the cache, so the
+baselines are full prefills: `plain_prefix_cache` shows 0 hits). Engine CPU seconds are the
 engine process group's (/proc), the client's are this process's.
 """
 

@@ -46,26 +46,37 @@ MAX_TOKENS = 24
 LAYERS = (1, 14, 26)      # EAGLE-3's default for SmolLM2's 30 layers (what hidden.layers null resolves to)
 
 
+def stage_args(prefill: Path) -> tuple[str, ...]:
+    """The server flags the repair stage adds to start its engine (repair/engine.py engine_scorer)."""
+    from draftgate.config import HiddenParams
+    from draftgate.engine.spool import server_args
+    from draftgate.repair.engine import SPOOL, scoring_args
+    from draftgate.target import describe_target
+
+    capture = server_args(LAYERS, describe_target(HiddenParams()).num_layers, (prefill / SPOOL).resolve(),
+                          prefix_cache=True)
+    return capture + scoring_args("cpu")
+
+
 class Shared:
     """The module's engine, stoppable early by the last test (as an exception in a block stops it).
 
     Started as the repair stage starts it to share its first pass with the hidden stage
     (repair/engine.py): with the hidden backend's capture (engine/spool.py `server_args`), its
-    spool at `<prefill>/.vllm`, where the stage looks for it. Only requests that name a file are
-    written, so every other test sees the server a generate run starts."""
+    spool at `<prefill>/.vllm`, where the stage looks for it, and the search's scoring flags
+    (a prefix cache, `scoring_args`). Only requests that name a file are
+    written, and only requests that ask for logprobs read them, so every other test sees the
+    server a generate run starts."""
 
     def __init__(self, prefill: Path) -> None:
-        from draftgate.config import EngineParams, HiddenParams
-        from draftgate.engine.spool import server_args
-        from draftgate.repair.engine import SPOOL
-        from draftgate.target import describe_target
+        from draftgate.config import EngineParams
 
         self.prefill = prefill
         # The render endpoint (the template contract's engine rendering) needs --enable-scale-out;
         # it only registers routes.
-        capture = server_args(LAYERS, describe_target(HiddenParams()).num_layers, (prefill / SPOOL).resolve())
         settings = launch_settings(EngineParams(python=str(engine_python()), kvcache_gib=1,
-                                                start_timeout_s=START_TIMEOUT_S, extra_args=[SCALE_OUT_FLAG, *capture]))
+                                                start_timeout_s=START_TIMEOUT_S,
+                                                extra_args=[SCALE_OUT_FLAG, *stage_args(prefill)]))
         self.cm = running_vllm(model_dir(), served_name=SERVED_NAME, **settings)
         self.engine = self.cm.__enter__()
         self.open = True
@@ -276,12 +287,14 @@ def repaired(shared, lm, tmp_path_factory):
     params["hidden"]["backend"] = "in_process"
     (root / "in_process.yaml").write_text(yaml.safe_dump(params))
     started: dict = {}
+    hits = prefix_cache_hits(shared.engine.root_url)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(launch, "running_vllm", standing_in(shared.engine, started))
         assert repair.main(["--params", str(root / "params.yaml"), "--tokens", str(root / "tokens.parquet"),
                             "--vocab", str(root / "vocab.parquet"), "--gate", str(root / "gate.json"),
                             "--out", str(root / "repaired" / "tokens.parquet"), "--prefill", str(shared.prefill),
                             "--metrics", str(root / "repair-metrics" / "repair.json")]) == 0
+    hits = prefix_cache_hits(shared.engine.root_url) - hits
     out = run_hidden(root, "hidden", "params.yaml", "--prefill", str(shared.prefill))
     metrics = metrics_of(out)
     in_process = run_hidden(root, "in_process", "in_process.yaml")       # the reference: no engine, no prefill
@@ -289,7 +302,16 @@ def repaired(shared, lm, tmp_path_factory):
             "tokens": root / "repaired" / "tokens.parquet", "params": root / "params.yaml",
             "table": pq.read_table(root / "repaired" / "tokens.parquet").to_pylist(),
             "repair_metrics": json.loads((root / "repair-metrics" / "repair.details.json").read_text()),
-            "hidden_metrics": metrics}
+            "hidden_metrics": metrics, "prefix_cache_hits": hits}
+
+
+def prefix_cache_hits(root_url: str) -> float:
+    """The engine's prefix-cache hits so far, in tokens (its Prometheus counter)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{root_url}/metrics", timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:prefix_cache_hits_total"))
 
 
 def run_hidden(root: Path, name: str, params: str, *more: str, code: int = 0) -> Path:
@@ -325,25 +347,25 @@ def rel(a, b) -> float:
 
 def test_a_repair_search_through_vllm_repairs_the_sampled_split_as_the_in_process_one_does(repaired):
     # test_repair_search's shortest row the model really sampled: in process, the search repairs
-    # it to the sampled ids (test_repair_search); through vLLM a search is ~50 full prefills
-    # (vLLM skips its prefix cache for prompt logprobs).
+    # it to the sampled ids (test_repair_search). Through vLLM the trie nodes are one-token
+    # generation requests (raw top-k logprobs of the next token), served from the prefix cache the
+    # first pass filled: the row is not computed again for each node.
     a, b = repaired["table"]
     assert (a["repair_status"], a["method"], a["completion_ids"]) == ("repaired", "repaired", repaired["truth"])
     assert (b["repair_status"], b["repair_reason"]) == ("kept", "canonical")
-    assert repaired["repair_metrics"]["phases"]["windows"]["forwards"] > 1
+    windows = repaired["repair_metrics"]["phases"]["windows"]["forwards"]
+    # (Requests with prompt logprobs never read the cache: without the change both would be 0.)
+    assert windows > 1 and repaired["prefix_cache_hits"] > 0
 
 
 def test_the_repair_stage_starts_its_engine_with_the_hidden_capture_in_its_prefill_folder(repaired, shared):
     from draftgate.config import HiddenParams
-    from draftgate.engine.spool import server_args
     from draftgate.engine.target import served_model
-    from draftgate.repair.engine import SPOOL
-    from draftgate.target import describe_target
 
     started = repaired["started"]
     assert started["model_dir"] == served_model(HiddenParams()).path
-    capture = server_args(LAYERS, describe_target(HiddenParams()).num_layers, (shared.prefill / SPOOL).resolve())
-    assert tuple(started["extra_args"][-len(capture):]) == capture and started["dtype"] == "float32"
+    flags = stage_args(shared.prefill)
+    assert tuple(started["extra_args"][-len(flags):]) == flags and started["dtype"] == "float32"
 
 
 def test_the_engines_first_pass_keeps_the_kept_rows_features_and_not_the_repaired_rows(repaired, shared, lm):

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from draftgate.repair.score import (HFScorer, RawPosition, Sampling, ScoreError, SglangScorer, VllmScorer,
+from draftgate.repair.score import (Bound, HFScorer, RawPosition, Sampling, ScoreError, SglangScorer, VllmScorer,
                                     temper, tempered_logprobs)
 
 TEXT = "Write a Python function that checks whether a string is a palindrome."
@@ -87,9 +87,13 @@ def test_an_engine_scores_a_trie_node_with_one_request_for_all_its_asked_tokens(
     with loopback(local_route(lm)) as url:
         scorer = VllmScorer(url, lm.name, sampling)
         got = scorer.score_nodes(ids, [(4, [ids[4], ids[5]], [ids[6], ids[7]]), (5, [300], [])])
-    assert scorer.counters.forwards == 1 and got[1] == []
+    # One request per node; a node that asks nothing is sent for its path's values alone.
+    assert scorer.counters.forwards == 2 and got[1] == []
     exact = HFScorer(lm.model, sampling).score_nodes(ids, [(4, [ids[4], ids[5]], [ids[6], ids[7]])])[0]
     assert got[0] == pytest.approx(exact, abs=0.05)
+    # The request carried the path, so its tokens' values come back exact, whatever their rank.
+    path = HFScorer(lm.model, sampling).score_branches(ids, [(4, [ids[4], ids[5]]), (5, [300])])
+    assert got[0].path == pytest.approx(path[0], abs=1e-4) and got[1].path == pytest.approx(path[1], abs=1e-4)
 
 
 def test_a_base_that_shares_a_prefix_with_the_last_is_scored_from_where_they_differ(lm, ids):
@@ -175,6 +179,23 @@ def test_tempering_top_k_raw_logprobs_is_exact_when_the_top_k_hold_the_mass():
     # top_p 0.8 at T=0.5: token 0 alone holds 0.845 of the tempered mass; token 1 is outside.
     assert temper(raw, Sampling(0.5, top_p=0.8))[1] == -math.inf
     assert temper(raw, Sampling(1.0, top_k=1))[1] == -math.inf
+
+
+def test_a_token_below_the_engines_top_k_is_bounded_by_the_kth_unless_it_cannot_be_drawn():
+    # The top 2 of a position hold 0.6 and 0.2; token 7 is not in the answer, so it is at most 0.2.
+    raw = RawPosition(token=0, logprob=math.log(0.6), rank=1, top={0: math.log(0.6), 1: math.log(0.2)})
+    t = temper(raw, Sampling(1.0), [1, 7])
+    assert isinstance(t[7], Bound) and t[7] == pytest.approx(t[1]) and not isinstance(t[1], Bound)
+    assert t[7] == pytest.approx(math.log(0.2))
+    # And at most the mass the top k leave, where that is less: 0.05 beside a k-th of 0.15.
+    peaked = RawPosition(token=0, logprob=math.log(0.8), rank=1, top={0: math.log(0.8), 1: math.log(0.15)})
+    assert temper(peaked, Sampling(1.0), [7])[7] == pytest.approx(math.log(0.05))
+    # Outside what could be sampled it is -inf, not a bound: the top 2 fill top_k 2, or reach top_p.
+    assert temper(raw, Sampling(1.0, top_k=2), [7])[7] == -math.inf
+    assert temper(raw, Sampling(1.0, top_p=0.75), [7])[7] == -math.inf
+    # Inside a nucleus the top k do not fill, the bound is renormalised as an inside token is.
+    inside = temper(raw, Sampling(1.0, top_p=0.9), [1, 7])
+    assert isinstance(inside[7], Bound) and inside[7] == pytest.approx(inside[1])
 
 
 # ---------------------------------------------------------------- over HTTP

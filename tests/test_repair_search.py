@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from draftgate.config import RepairParams
-from draftgate.repair.score import HFScorer, Sampling
+from draftgate.repair.score import HFScorer, Sampling, VllmScorer, post_json
 from draftgate.repair.search import Vocab, Window, _best, _contenders, _log_mass, _max_marginals, search, spans
 from test_repair_score import local_model
 
@@ -136,6 +136,24 @@ def test_a_row_whose_canonical_encoding_is_longer_than_what_the_model_sampled_is
     assert len(canon) == len(truth) + 1
     out = repaired(lm, vocab, prompt, canon, len(truth))
     assert out.status == "repaired" and out.ids == truth and out.confidence > 0.9
+
+
+def test_through_an_engines_top_k_a_split_whose_first_token_ranks_below_it_is_bounded_and_found(lm, vocab):
+    from draftgate.reconstruct.classify import first_difference
+    from test_repair_score import local_route, loopback
+
+    prompt, canon, truth = row(lm, vocab, CARPET)
+    at = first_difference(canon, truth)
+    with loopback(local_route(lm)) as url:
+        # The engine's answer over the sampled ids: `Car` is not in the top 5 it returns there.
+        answer = post_json(f"{url}/v1/completions", {"prompt": prompt + truth[:at + 1], "prompt_logprobs": 5,
+                                                     "max_tokens": 1})
+        scorer = VllmScorer(url, lm.name, SAMPLING, top_logprobs=5)
+        out = search(prompt, canon, len(truth), scorer, vocab, RepairParams(passes=1))
+    assert answer["choices"][0]["prompt_logprobs"][-1][str(truth[at])]["rank"] > 5
+    # Bounded by the 5th and scored exactly once it could win (it read as impossible before: kept,
+    # no_candidate), the split the model sampled is found through the engine as in process.
+    assert out.status == "repaired" and out.ids == truth
 
 
 def test_a_same_length_re_split_is_found_although_the_bill_already_agrees(lm, vocab):

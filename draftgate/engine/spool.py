@@ -33,17 +33,20 @@ def vllm_layers(layers: Sequence[int], num_layers: int) -> list[int]:
     return [int(i) + 1 for i in layers] + [num_layers]
 
 
-def server_args(layers: Sequence[int], num_layers: int, spool: Path) -> tuple[str, ...]:
+def server_args(layers: Sequence[int], num_layers: int, spool: Path, prefix_cache: bool = False) -> tuple[str, ...]:
     """vLLM server flags that capture `layers` (ours) and the final state into `spool`, one file
     per request that names one (the hidden backend's engine settings, as a server). No prefix
-    cache: a cached prefix is not recomputed, and its hidden-state slots would hold another
-    request's states."""
+    cache by default: a cached prefix is not recomputed, and its hidden-state slots would hold
+    another request's states. `prefix_cache`: on, for an engine whose named requests all ask for
+    prompt log-probabilities (repair's first pass): vLLM never serves such a request from the
+    cache (SamplingParams.skip_reading_prefix_cache), so every named row is computed whole, and
+    the other requests (repair's trie nodes) reuse its blocks."""
     spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": sorted(vllm_layers(layers, num_layers))}}}
     kv = {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_producer",
           "kv_connector_extra_config": {SPOOL_PARAM: str(spool)}}
     return ("--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv),
-            "--no-enable-prefix-caching")
+            "--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching")
 
 
 def engine_version(python: Path) -> str:

@@ -2,8 +2,8 @@
 hidden stage extracts through vLLM too, one engine request per row serves both stages.
 
 The engine runs with the hidden backend's settings (vLLM's `extract_hidden_states`, draftgate's
-KV connector, no prefix cache; engine/spool.py `server_args`) beside what scoring needs (prompt
-log-probabilities). The search's first pass over each row (VllmScorer.score_rows) names a file in
+KV connector; engine/spool.py `server_args`) and a prefix cache, so that a trie node is one request
+that computes its own few tokens, not its row (VllmScorer's `cached_nodes`; `scoring_args`). The search's first pass over each row (VllmScorer.score_rows) names a file in
 the request's `kv_transfer_params`; the connector writes the row's captured states there, and the
 rows whose ids the search kept go to the prefill (draftgate/prefill.py) exactly as the in-process
 base pass's do. Window, node and re-score requests carry no name: the connector writes nothing for
@@ -24,6 +24,15 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 SPOOL = ".vllm"            # inside the prefill directory while the engine runs
 FILE_WAIT_S = 120.0        # the connector writes a row one engine step after its answer
 SERVED_NAME = "target"
+NODE_TOP = 200             # a trie node's top k (the first pass keeps repair.top_logprobs per position)
+
+
+def scoring_args(device: str) -> tuple[str, ...]:
+    """Server flags for the search's trie nodes (VllmScorer `cached_nodes`) beside the prefix cache
+    (engine_scorer turns it on): on CPU the cache's blocks are 128 tokens by default, so a node would
+    recompute up to 127 tokens of its row; 32 is the CPU attention's smallest (its kernels take
+    multiples of 32). GPUs default to 16."""
+    return ("--max-logprobs", str(NODE_TOP)) + (("--block-size", "32") if device == "cpu" else ())
 
 
 @dataclass
@@ -99,7 +108,7 @@ class EngineScoring(NamedTuple):
 def engine_scorer(params: Any, sampling: Any, prefill: Path | None) -> Iterator[EngineScoring]:
     """The scorer on an engine started here, for the length of the block. `prefill`: the
     directory the kept rows' features go to (the engine then captures them)."""
-    from draftgate.engine.launch import EngineError, launch_settings, running_vllm
+    from draftgate.engine.launch import EngineError, engine_device, engine_python, launch_settings, running_vllm
     from draftgate.engine.spool import server_args
     from draftgate.engine.target import served_model
     from draftgate.prefill import PrefillWriter, feature_key
@@ -118,7 +127,10 @@ def engine_scorer(params: Any, sampling: Any, prefill: Path | None) -> Iterator[
         shutil.rmtree(spool, ignore_errors=True)
         spool.mkdir(parents=True)
         capture = SpoolCapture(spool, layers, target.num_layers, target.hidden_size, hp.dtype)
-        settings["extra_args"] = tuple(settings["extra_args"]) + server_args(layers, target.num_layers, spool)
+    # A prefix cache: a trie node's request then computes its own tokens, not its row's.
+    flags = server_args(layers, target.num_layers, spool, prefix_cache=True) if capture else ("--enable-prefix-caching",)
+    device = engine_device(engine_python(settings["python"])) if settings["device"] == "auto" else settings["device"]
+    settings["extra_args"] = tuple(settings["extra_args"]) + flags + scoring_args(device)
     try:
         # The hidden engine's compute dtype where the features are kept (their key names it); else
         # the checkpoint's own (running_vllm never lets vLLM downcast).
@@ -128,8 +140,8 @@ def engine_scorer(params: Any, sampling: Any, prefill: Path | None) -> Iterator[
                   + (f"; the first pass keeps hidden.layers {list(capture.layers)} for the hidden stage" if capture else ""))
             if capture is not None:
                 capture.log_path = engine.log_path
-            yield EngineScoring(VllmScorer(engine.root_url, engine.served_name, sampling, rp.top_logprobs, spool=capture),
-                                writer, engine)
+            yield EngineScoring(VllmScorer(engine.root_url, engine.served_name, sampling, rp.top_logprobs, spool=capture,
+                                           cached_nodes=True, node_top=NODE_TOP), writer, engine)
             strays = capture.strays() if capture is not None else []
             if strays:
                 raise EngineError(f"{capture.directory}: the engine wrote hidden states for {len(strays)} requests repair "

@@ -22,7 +22,8 @@ A backend answers two questions (`Scorer`):
   Branches share the base's prefix, so a backend scores that prefix once: the HF target keeps the
   base's KV cache and scores every branch in one forward with a tree mask; an engine reuses its
   prefix cache (SGLang's radix cache; vLLM skips its prefix cache for requests that ask for
-  prompt logprobs, so there every branch is a full prefill: see VllmScorer).
+  prompt logprobs, so there a branch is a full prefill unless VllmScorer's `cached_nodes` sends
+  it as a generation request).
 
 What engines return (checked against their sources, 2026-12):
 - vLLM `/v1/completions` with a token-id `prompt` and `prompt_logprobs: k`: `choices[0].
@@ -50,6 +51,15 @@ mass for T < 1 and a lower bound for T > 1. The nucleus: a token in the top k is
 tempered mass of the tokens above it is below top_p; a token below the top k is outside when the
 top k's tempered mass already reaches top_p, else taken as inside (unknowable from the answer).
 The in-process backend has the full distribution and needs none of this.
+
+A token below the top k is at most as likely as the k-th: the HTTP backends give it that value as
+a `Bound` (a float known only from above; -inf where the nucleus or top-k rules it out), so the
+search can branch to it, and learn its value exactly from a request that carries it in its
+prompt: the engine returns every prompt token's own log-probability whatever its rank, so a trie
+node's answer with prompt log-probabilities (`NodeAnswer.path`) holds the exact values of the
+node's own path tokens. Before, such a token read
+as impossible, and through vLLM's top 20 the search missed splits whose first token ranks lower
+(docs/repair.md, "Measured through vLLM").
 """
 
 from __future__ import annotations
@@ -645,6 +655,24 @@ def _unstack(batch: Any, r: int, spans: Sequence[tuple[int, int]], config: Any) 
 
 # ---------------------------------------------------------------- engines over HTTP (top-k raw)
 
+class Bound(float):
+    """A tempered log-probability known only from above: a token below an engine's top k is at most
+    as likely as the k-th. Arithmetic on it gives plain floats; only a value read as returned is one."""
+
+    __slots__ = ()
+
+
+class NodeAnswer(list):
+    """An engine's answer for one trie node: the asked ids' values (a list, as in process), some of
+    them `Bound`s, and `path`: the exact values of the node's own path tokens (the request carried
+    them in its prompt, and the engine returns a prompt token's log-probability whatever its rank),
+    or None where the request asked for none (VllmScorer's cached nodes)."""
+
+    def __init__(self, asked: Sequence[float], path: Sequence[float] | None = None):
+        super().__init__(asked)
+        self.path = None if path is None else list(path)
+
+
 @dataclass(frozen=True)
 class RawPosition:
     """One position of an engine's answer: raw (temperature 1) log-probabilities."""
@@ -656,7 +684,8 @@ class RawPosition:
 
 def temper(raw: RawPosition, sampling: Sampling, ids: Sequence[int] = ()) -> dict[int, float]:
     """Tempered, nucleus-applied log-probabilities of raw.token and `ids` (module docstring: the
-    approximation). An id the answer does not carry is -inf (below the top k: not branched to)."""
+    approximation). An id the answer does not carry is below the top k: a `Bound` at the k-th's
+    value, or -inf where the top k already fill top_k or the nucleus (it could not be sampled)."""
     known = dict(raw.top)
     known[raw.token] = raw.logprob
     lps = sorted(raw.top.values(), reverse=True)
@@ -666,6 +695,7 @@ def temper(raw: RawPosition, sampling: Sampling, ids: Sequence[int] = ()) -> dic
     if t == 0:
         best = max(known, key=known.get)
         return {i: (0.0 if i == best else NEG_INF) for i in wanted}
+    tail = 0.0
     if lps:
         tail = max(0.0, 1.0 - sum(math.exp(v) for v in lps))
         z = _logsumexp([v / t for v in lps] + ([math.log(tail) + (1 / t - 1) * lps[-1]] if tail > 0 else []))
@@ -681,9 +711,16 @@ def temper(raw: RawPosition, sampling: Sampling, ids: Sequence[int] = ()) -> dic
         if acc >= sampling.top_p:
             nucleus_mass = acc
             break
+    # A token outside the answer, if it can be drawn at all, is at most as likely as the k-th and
+    # at most the raw mass the top k leave (the tighter where the top k hold nearly everything).
+    below = NEG_INF
+    if lps and not (sampling.top_k and len(raw.top) >= sampling.top_k) and not (
+            sampling.top_p < 1 and top_mass >= sampling.top_p):
+        most = min(lps[-1], math.log(tail)) if tail > 0 else lps[-1]
+        below = Bound(most / t - z - (math.log(nucleus_mass) if sampling.top_p < 1 else 0.0))
     for i in wanted:
         if i not in known:
-            out[i] = NEG_INF
+            out[i] = below
             continue
         v = known[i] / t - z
         in_top = i in raw.top
@@ -786,26 +823,28 @@ class _HTTPScorer:
         return [[temper(r, self.sampling)[r.token] for r in raws] for raws in self._checked_many(asks)]
 
     def score_nodes(self, base: Sequence[int], nodes: Sequence[tuple[int, Sequence[int], Sequence[int]]]
-                    ) -> list[list[float]]:
-        """One request per node: base[:at] + path + its first asked id, the last position's answer
-        tempered for every asked id (an id below the engine's top k: -inf, as in `score`)."""
+                    ) -> list[NodeAnswer]:
+        """One request per node: base[:at] + path + its first asked id (no asked id: the path alone),
+        the last position's answer tempered for every asked id (an id below the engine's top k: a
+        `Bound`, as in `score`), and the path's own tokens' exact values (`NodeAnswer.path`)."""
         return self.score_nodes_many([(base, nodes)])[0]
 
     def score_nodes_many(self, asks: Sequence[tuple[Sequence[int], Sequence[tuple[int, Sequence[int], Sequence[int]]]]]
-                         ) -> list[list[list[float]]]:
+                         ) -> list[list[NodeAnswer]]:
         """`score_nodes` of several rows, every node's request in flight together."""
-        reqs = [(list(base)[:at] + list(path) + [ask[0]], at + len(path))
-                for base, nodes in asks for at, path, ask in nodes if ask]
+        for _, nodes in asks:
+            for at, path, ask in nodes:
+                if not path and not ask:
+                    raise ScoreError(f"a trie node at {at} asks nothing: give it a path or tokens to score")
+        reqs = [(list(base)[:at] + list(path) + list(ask[:1]), at) for base, nodes in asks for at, path, ask in nodes]
         answers = iter(self._checked_many(reqs))
         out = []
         for _, nodes in asks:
             mine = []
-            for _, _, ask in nodes:
-                if not ask:
-                    mine.append([])
-                    continue
-                t = temper(next(answers)[-1], self.sampling, list(ask))
-                mine.append([t[i] for i in ask])
+            for _, path, ask in nodes:
+                raws = next(answers)
+                t = temper(raws[-1], self.sampling, list(ask)) if ask else {}
+                mine.append(NodeAnswer([t[i] for i in ask], [temper(r, self.sampling)[r.token] for r in raws[:len(path)]]))
             out.append(mine)
         return out
 
@@ -837,7 +876,81 @@ class _HTTPScorer:
 
 
 class VllmScorer(_HTTPScorer):
-    """vLLM's (and the local server's) /v1/completions with `prompt_logprobs` (module docstring)."""
+    """vLLM's (and the local server's) /v1/completions with `prompt_logprobs` (module docstring).
+
+    `cached_nodes`: the engine runs with a prefix cache (repair/engine.py starts it so). A trie
+    node that asks for the tokens after it is then a one-token generation request with `logprobs:
+    k` and no prompt log-probabilities: vLLM returns the RAW top k of the next token's distribution
+    (its default `raw_logprobs`: before temperature and nucleus, tempered here as a prompt position
+    is), and the request is served from the prefix cache the row's first pass filled, so the
+    engine computes the node's few tokens, not the row (0.11-0.13 s against 0.42-0.49 s a node on a
+    120-token row, this CPU). Requests that ask for prompt log-probabilities never read the cache
+    (vLLM's rule), so a node asked for its path's values is sent as before. Greedy: the generated
+    token is not ours to trust (with the hidden capture's speculative config, vLLM 0.32 on CPU
+    sometimes samples a token 36 nats down, and its processed logprobs are then wrong), the raw top
+    k are right (checked against the in-process target, tests/test_engine_vllm.py).
+    """
+
+    def __init__(self, *args: Any, cached_nodes: bool = False, node_top: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cached_nodes = cached_nodes
+        self.node_top = node_top or self.top_logprobs
+
+    def score_nodes_many(self, asks: Sequence[tuple[Sequence[int], Sequence[tuple[int, Sequence[int], Sequence[int]]]]]
+                         ) -> list[list[NodeAnswer]]:
+        if not self.cached_nodes:
+            return super().score_nodes_many(asks)
+        nexts = [list(base)[:at] + list(path) for base, nodes in asks for at, path, ask in nodes if ask]
+        for_path = [(base, [(at, path, ask) for at, path, ask in nodes if not ask]) for base, nodes in asks]
+        if self.concurrency == 1 or len(nexts) <= 1:
+            after = [self._next(ids) for ids in nexts]
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(self.concurrency, len(nexts))) as pool:
+                after = list(pool.map(self._next, nexts))
+        after_it = iter(after)
+        path_it = iter([a for row in super().score_nodes_many(for_path) for a in row])
+        out = []
+        for _, nodes in asks:
+            mine = []
+            for _, _, ask in nodes:
+                if not ask:
+                    mine.append(next(path_it))
+                    continue
+                t = temper(next(after_it), self.sampling, list(ask))
+                mine.append(NodeAnswer([t[i] for i in ask]))
+            out.append(mine)
+        return out
+
+    def _next(self, ids: list[int]) -> RawPosition:
+        """The raw top k of the token after `ids`, as a position whose token is the likeliest."""
+        body = {"prompt": ids, "max_tokens": 1, "temperature": 0.0, "logprobs": self.node_top,
+                "return_tokens_as_token_ids": True}
+        if self.model:
+            body["model"] = self.model
+        answer = self.post(f"{self.base_url}/v1/completions", body)
+        try:
+            entries = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+            sent = answer["usage"]["prompt_tokens"]
+        except (KeyError, IndexError, TypeError):
+            raise ScoreError(f"{self.base_url}/v1/completions: no choices[0].logprobs.top_logprobs[0] or usage in the "
+                             f"answer ({str(answer)[:300]}); is this vLLM with logprobs?") from None
+        self.counters.forwards += 1
+        self.counters.tokens += len(ids)
+        if sent != len(ids):
+            raise ScoreError(f"{self.base_url}: the engine counted {sent} prompt tokens for {len(ids)} sent; "
+                             "its answer is for another prompt")
+        top: dict[int, float] = {}
+        for key, v in entries.items():
+            if not key.startswith("token_id:"):
+                raise ScoreError(f"{self.base_url}: logprobs key {key!r} is not a token id; the engine ignored "
+                                 "return_tokens_as_token_ids")
+            top[int(key.removeprefix("token_id:"))] = float(v)
+        # The generated token is in the answer beside the top k where it is not one of them.
+        top = dict(sorted(top.items(), key=lambda kv: -kv[1])[:self.node_top])
+        best = max(top, key=top.get)
+        return RawPosition(best, top[best], 1, top)
 
     def request_body(self, ids: Sequence[int], name: str | None = None) -> dict:
         body = {"prompt": list(ids), "max_tokens": 1, "temperature": 0.0,

@@ -21,6 +21,8 @@ token other than C's at a boundary. So:
    window through it). What is known of a window bounds its delta: the log-probabilities of the
    branch tokens scored so far minus the canonical span's (the rest is <= 0); after its first
    token only (from the base pass) that is the bound, and it tightens a token per node scored.
+   Through an engine a token below its top k is itself known only from above (score.py `Bound`):
+   such a window is exact once a request carrying that token in its prompt returns its value.
 3. A dynamic programme over positions picks disjoint windows whose length changes sum to the bill
    (billed count under the provider's convention minus len(C)) with the largest total delta,
    keeping the `beam` best; branch and bound scores only the nodes of windows that, by their
@@ -59,8 +61,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator, Sequence
 
 from draftgate.config import RepairParams
-from draftgate.repair.score import Scored, Scorer
+from draftgate.repair.score import Bound, Scored, Scorer
 
+NEXT, PATH = "next", "path"     # what a trie node is asked for (_pass)
 FLOOR = -1.0e4   # an impossible token (-inf) counts this much in sums, so deltas stay finite
 # A window whose best split (on bounds) is further below a split known exactly than the larger of
 # rescore_margin and confidence_nats plus this leaves the search's rounds: it can be neither a
@@ -488,6 +491,11 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     windows: list[Window] = []
     branch: list[tuple[int, ...]] = []
     part: list[float] = []                    # log-probability of the branch tokens known so far
+    # Tokens whose value in `part` is an engine's bound (below its top k: score.py `Bound`), by
+    # their place in the branch, with what they added. A window is exact only once none is left: a
+    # request that carries the token in its prompt returns its exact value (a PATH request; with
+    # prompt log-probabilities, any node request past it).
+    loose: dict[int, dict[int, float]] = {}
     ref: list[float] = []                     # the base's over the same span
     for s, e in spans(canon, vocab):
         text = vocab.bytes_of(canon[s:e])
@@ -506,20 +514,27 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
                     end = offs[inv[t] + sum(len(vocab.pieces[i]) for i in w)]
                     windows.append(Window(t, end, tuple(w)))
                     branch.append(tuple(w) + tuple(canon[end:end + la]))
+                    if isinstance(v, Bound):
+                        loose[len(part)] = {0: v}
                     part.append(v)
                     ref.append(sum(lp[t:min(len(canon), end + la)]))
     depth = [1] * len(windows)                 # branch tokens known
     value: dict[int, float] = {}              # index -> exact local delta; -inf: impossible
-    waiting: dict[tuple[int, tuple[int, ...]], list[int]] = {}     # trie node -> windows at it
+    # A request -> the windows waiting for it. A request is a trie node and what it is asked for:
+    # NEXT, the tokens after it (all a search in process ever asks), or, for an engine's bounds
+    # (score.py `Bound`), PATH: its path's exact values (a window whose every token is known, some
+    # only as a bound).
+    waiting: dict[tuple[tuple[int, tuple[int, ...]], str], list[int]] = {}
     children: dict[tuple[int, tuple[int, ...]], set[int]] = {}     # trie node -> next tokens asked
     for k, w in enumerate(windows):
         d = known.get((w.start, w.end, w.ids))
         if d is not None:
             value[k] = d
-        elif len(branch[k]) == 1:
+            loose.pop(k, None)
+        elif len(branch[k]) == 1 and k not in loose:
             value[k] = part[k] - ref[k]       # a one-token window at the row's end: nothing follows
         else:
-            waiting.setdefault((w.start, branch[k][:1]), []).append(k)
+            waiting.setdefault(((w.start, branch[k][:1]), PATH if len(branch[k]) == 1 else NEXT), []).append(k)
         for j in range(1, len(branch[k])):
             children.setdefault((w.start, branch[k][:j]), set()).add(branch[k][j])
     truncated = False
@@ -530,35 +545,74 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         return windows[k].start, branch[k][:depth[k]]
 
     got: dict[tuple[int, tuple[int, ...]], dict[int, float]] = {}     # trie node -> its scores
+    paths: dict[tuple[int, tuple[int, ...]], list[float]] = {}        # trie node -> its path's exact values
 
-    def score(nodes: list[tuple[int, tuple[int, ...]]], phase: str = "windows") -> Generator[_Call, Any, None]:
+    def score(reqs: list[tuple[tuple[int, tuple[int, ...]], str]], phase: str = "windows") -> Generator[_Call, Any, None]:
         # One call (one tree-masked forward in process) for the round's nodes; every window at a
-        # node advances by the tokens scored for it, and waits at its next node or is done.
+        # node advances by the tokens scored for it, and waits at its next request or is done. A
+        # PATH request asks for no token after its node.
         nonlocal candidates, spent
-        asks = [sorted(children[n]) for n in nodes]
-        results = yield (phase, "score_nodes", (base, [(p0 + at, list(path), ask) for (at, path), ask in zip(nodes, asks)]))
-        spent += len(nodes)
-        for n, ask, lps in zip(nodes, asks, results):
-            got[n] = dict(zip(ask, lps))
-        for n in nodes:
-            for k in waiting.pop(n, ()):
+        asks = [sorted(children[n]) if kind == NEXT else [] for n, kind in reqs]
+        results = yield (phase, "score_nodes", (base, [(p0 + at, list(path), ask)
+                                                       for ((at, path), _), ask in zip(reqs, asks)]))
+        spent += len(reqs)
+        for (n, kind), ask, lps in zip(reqs, asks, results):
+            if kind == NEXT:
+                got[n] = dict(zip(ask, lps))
+            if (exact := getattr(lps, "path", None)) is not None:
+                paths[n] = exact
+            elif kind == PATH:
+                raise ValueError("the scorer gave a bound (a token below its top k) but no path values when asked: an "
+                                 "engine scorer must answer a node that asks nothing with score.NodeAnswer's path")
+        for n, kind in reqs:
+            for k in waiting.pop((n, kind), ()):
                 advance(k)
+            if kind == NEXT and n in paths:
+                for k in waiting.pop((n, PATH), ()):
+                    advance(k)
 
     def advance(k: int) -> None:
         nonlocal candidates
-        while (n := node_of(k)) in got:
+        while True:
+            n = node_of(k)
+            if k in loose and n in paths:
+                # The request of this node carried the window's tokens up to here: their exact
+                # values replace the bounds an engine's top k gave (score.py `Bound`).
+                for j in [j for j in loose[k] if j < depth[k]]:
+                    v = paths[n][j]
+                    if j < len(windows[k].ids) and v == -math.inf:
+                        value[k] = -math.inf          # below the top k, and outside the nucleus after all
+                        candidates += 1
+                        return
+                    part[k] += (v if j == 0 else max(v, FLOOR)) - loose[k].pop(j)
+                if not loose[k]:
+                    del loose[k]
+            if depth[k] == len(branch[k]):
+                if k in loose:                         # every token known, some as bounds: ask for the path
+                    waiting.setdefault((n, PATH), []).append(k)
+                    return
+                value[k] = part[k] - ref[k]
+                candidates += 1
+                return
+            if n not in got:
+                waiting.setdefault((n, NEXT), []).append(k)
+                return
             v = got[n][branch[k][depth[k]]]
             if depth[k] < len(windows[k].ids) and v == -math.inf:
                 value[k] = -math.inf          # a token of the window the sampler could not draw
                 candidates += 1
                 return
+            if isinstance(v, Bound):
+                loose.setdefault(k, {})[depth[k]] = max(v, FLOOR)
             part[k] += max(v, FLOOR)
             depth[k] += 1
-            if depth[k] == len(branch[k]):
-                value[k] = part[k] - ref[k]
-                candidates += 1
-                return
-        waiting.setdefault(n, []).append(k)
+
+    def request(k: int) -> tuple[tuple[int, tuple[int, ...]], str] | None:
+        # What window k waits for: the tokens after its node, or (engines) its path's values.
+        n = node_of(k)
+        if depth[k] < len(branch[k]):
+            return None if n in got else (n, NEXT)
+        return (n, PATH) if k in loose and n not in paths else None
 
     # Windows that cannot sit in any split within `reach` nats of a split already known exactly
     # (their max-marginal, on bounds, is below it) leave the programmes of later rounds: they can
@@ -582,12 +636,12 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         active.difference_update([k for k in list(active) if mm[k] < cut or mm[k] == -math.inf])
 
     def next_nodes(ks: Sequence[int], room: int, taken: list) -> list:
-        # The nodes the windows ks wait at, in order, until the round holds `room`.
+        # The requests the windows ks wait for, in order, until the round holds `room`.
         for k in ks:
             if len(taken) >= room:
                 break
-            if k not in value and (n := node_of(k)) not in got and n not in taken:
-                taken.append(n)
+            if k not in value and (r := request(k)) is not None and r not in taken:
+                taken.append(r)
         return taken
 
     # Only splits that could win, or be re-ranked exactly against the winner, need exact deltas:
