@@ -3,8 +3,9 @@ hidden stage extracts through vLLM too, one engine request per row serves both s
 
 The engine runs with the hidden backend's settings (vLLM's `extract_hidden_states`, draftgate's
 KV connector; engine/spool.py `server_args`) and a prefix cache, so that a trie node is one request
-that computes its own few tokens, not its row (VllmScorer's `cached_nodes`; `scoring_args`). The search's first pass over each row (VllmScorer.score_rows) names a file in
-the request's `kv_transfer_params`; the connector writes the row's captured states there, and the
+that computes its own few tokens, not its row (VllmScorer's `cached_nodes`; `scoring_args`). The
+search's first pass over each row (VllmScorer.score_rows) names a file in the request's
+`kv_transfer_params`; the connector writes the row's captured states there, and the
 rows whose ids the search kept go to the prefill (draftgate/prefill.py) exactly as the in-process
 base pass's do. Window, node and re-score requests carry no name: the connector writes nothing for
 them. `bench/engine_shared_prefill.py` measured the pair (logprobs within 3.8e-5 nats, features

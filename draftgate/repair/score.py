@@ -850,17 +850,19 @@ class _HTTPScorer:
 
     def _checked_many(self, asks: Sequence[tuple[list[int], int] | tuple[list[int], int, str | None]]
                       ) -> list[list[RawPosition]]:
-        """`_checked` for each (ids, start[, file name]), the requests in flight together; answers in order."""
-        if len(asks) <= 1 or self.concurrency == 1:
-            return [self._checked(*a) for a in asks]
+        """Each (ids, start[, file name]) scored and checked (`_check`), the requests in flight
+        together; answers in order."""
+        return [self._check(a[0], a[1], raws) for a, raws in zip(asks, self._in_flight(self._positions, asks))]
+
+    def _in_flight(self, request: Any, args: Sequence[tuple]) -> list[Any]:
+        """request(*a) for each a, at most `concurrency` in flight (the engine batches them); in order.
+        The answers are checked and counted by the caller, on this thread."""
+        if len(args) <= 1 or self.concurrency == 1:
+            return [request(*a) for a in args]
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(min(self.concurrency, len(asks))) as pool:
-            answers = list(pool.map(lambda a: self._positions(*a), asks))
-        return [self._check(a[0], a[1], raws) for a, raws in zip(asks, answers)]
-
-    def _checked(self, ids: list[int], start: int, name: str | None = None) -> list[RawPosition]:
-        return self._check(ids, start, self._positions(ids, start, name))
+        with ThreadPoolExecutor(min(self.concurrency, len(args))) as pool:
+            return list(pool.map(lambda a: request(*a), args))
 
     def _check(self, ids: list[int], start: int, raws: list[RawPosition]) -> list[RawPosition]:
         self.counters.forwards += 1
@@ -902,14 +904,9 @@ class VllmScorer(_HTTPScorer):
             return super().score_nodes_many(asks)
         nexts = [list(base)[:at] + list(path) for base, nodes in asks for at, path, ask in nodes if ask]
         for_path = [(base, [(at, path, ask) for at, path, ask in nodes if not ask]) for base, nodes in asks]
-        if self.concurrency == 1 or len(nexts) <= 1:
-            after = [self._next(ids) for ids in nexts]
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(min(self.concurrency, len(nexts))) as pool:
-                after = list(pool.map(self._next, nexts))
-        after_it = iter(after)
+        after_it = iter(self._in_flight(self._next, [(ids,) for ids in nexts]))
+        self.counters.forwards += len(nexts)
+        self.counters.tokens += sum(map(len, nexts))
         path_it = iter([a for row in super().score_nodes_many(for_path) for a in row])
         out = []
         for _, nodes in asks:
@@ -936,8 +933,6 @@ class VllmScorer(_HTTPScorer):
         except (KeyError, IndexError, TypeError):
             raise ScoreError(f"{self.base_url}/v1/completions: no choices[0].logprobs.top_logprobs[0] or usage in the "
                              f"answer ({str(answer)[:300]}); is this vLLM with logprobs?") from None
-        self.counters.forwards += 1
-        self.counters.tokens += len(ids)
         if sent != len(ids):
             raise ScoreError(f"{self.base_url}: the engine counted {sent} prompt tokens for {len(ids)} sent; "
                              "its answer is for another prompt")
