@@ -890,7 +890,8 @@ class VllmScorer(_HTTPScorer):
     (vLLM's rule), so a node asked for its path's values is sent as before. Greedy: the generated
     token is not ours to trust (with the hidden capture's speculative config, vLLM 0.32 on CPU
     sometimes samples a token 36 nats down, and its processed logprobs are then wrong), the raw top
-    k are right (checked against the in-process target, tests/test_engine_vllm.py).
+    k are right: they matched the in-process target at every position tried, cached or not
+    (docs/repair.md, "Scoring backends"); tests/test_engine_vllm.py holds the search's decision.
     """
 
     def __init__(self, *args: Any, cached_nodes: bool = False, node_top: int | None = None, **kwargs: Any):
