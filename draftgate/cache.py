@@ -9,8 +9,11 @@ Policy (every entry, whatever it holds):
   file, the key and what the build recorded about its inputs) is written last; the folder is
   renamed into place whole. A concurrent twin that published first is kept.
 - Trust: an entry is used only when its manifest lists exactly the files present and every hash
-  matches, re-checked on each load (SmolLM2's 538 MB of weights: ~0.5 s). An incomplete or altered
-  entry is rebuilt, never trusted because it exists.
+  matches, re-checked on each load. An incomplete or altered entry is rebuilt, never trusted because
+  it exists. A file is read and hashed again only when its stat (size, mtime, ctime, inode) differs
+  from the one stamped when its hash last matched (`.verified.json` in the entry, as git's index
+  does): any write to a file moves its ctime, which no user process can set back. Hashing
+  SmolLM2's 538 MB of weights on every load had cost ~0.5 s a process, ~5% of `make test`'s CPU.
 - Identity: `Entry.fingerprint`, the hash of the manifest's file table, names the exact bytes
   served; the local server reports it, and the generate stage puts it in each request hash.
 """
@@ -23,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -32,6 +36,10 @@ from draftgate.io import new_temp_dir, write_json
 
 CACHE_ENV = "DRAFTGATE_CACHE"
 MANIFEST = "manifest.json"
+STAMP = ".verified.json"     # not the entry's content: the stats its hashes were last verified at
+# A file changed within the same clock tick as its stamp could keep its ctime: files younger than
+# this are hashed and not stamped (git's "racy" rule).
+RACY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,7 @@ def _valid(path: Path, build_key: str) -> Entry | None:
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
         files = manifest["files"]
-        if manifest["key"] != build_key or not isinstance(files, dict) or _hash_files(path) != files:
+        if manifest["key"] != build_key or not isinstance(files, dict) or not _holds(path, files):
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -139,8 +147,40 @@ def fingerprint(files: dict[str, str]) -> str:
 
 
 def _hash_files(folder: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            out[p.relative_to(folder).as_posix()] = _read_sha256(p)
-    return out
+    return {name: _read_sha256(p) for name, p in _contents(folder).items()}
+
+
+def _contents(folder: Path) -> dict[str, Path]:
+    """The entry's files by relative name: all but its manifest and its stamp (with the stamp's
+    temp files, so another process writing one is not taken for a stray file)."""
+    return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST and not (p.parent == folder and p.name.startswith(STAMP))}
+
+
+def _holds(folder: Path, files: dict[str, str]) -> bool:
+    """The folder holds exactly `files`, each with its hash: a file whose stat is the one stamped
+    with this hash is not read again; every other file is hashed, and stamped when it matches."""
+    present = _contents(folder)
+    if set(present) != set(files):
+        return False
+    try:
+        stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stamp = {}
+    now = time.time()
+    fresh = {}
+    for name, p in present.items():
+        st = p.stat()
+        seen = [files[name], st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        if stamp.get(name) != seen:
+            if _read_sha256(p) != files[name]:
+                return False
+            if now - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 < RACY_S:
+                continue
+        fresh[name] = seen
+    if fresh != stamp:
+        try:
+            write_json(folder / STAMP, fresh)
+        except OSError:        # a read-only cache: verified all the same, hashed again next time
+            pass
+    return True

@@ -57,6 +57,33 @@ def test_an_incomplete_or_altered_entry_is_rebuilt_never_trusted(tmp_path, capsy
     assert f"cache entry {entry.path} is incomplete or altered; rebuilding" in capsys.readouterr().err
 
 
+def test_a_file_whose_stat_is_the_one_stamped_at_its_last_check_is_not_hashed_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "RACY_S", 0.0)        # the files were just written: stamp them all the same
+    calls: list = []
+    entry = cache.entry("thing", "cd" * 32, builder(calls), cache_root=tmp_path)
+    stamp = json.loads((entry.path / ".verified.json").read_text())
+    assert sorted(stamp) == ["sub/weights.bin", "tokenizer.json"]
+    real = cache._read_sha256
+    read: list = []
+    monkeypatch.setattr(cache, "_read_sha256", lambda p: read.append(Path(p).name) or real(p))
+    assert cache.entry("thing", "cd" * 32, builder(calls), cache_root=tmp_path).built is False
+    assert read == [] and len(calls) == 1
+    # Same size, and the mtime put back: the write still moved the ctime, so the file is read again.
+    path = entry.path / "tokenizer.json"
+    st = path.stat()
+    path.write_text("v2")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rebuilt = cache.entry("thing", "cd" * 32, builder(calls), cache_root=tmp_path)
+    assert read[0] == "tokenizer.json" and rebuilt.built and len(calls) == 2   # (then the rebuild's own)
+
+
+def test_a_file_written_in_the_last_seconds_is_hashed_on_every_load_and_not_stamped(tmp_path):
+    entry = cache.entry("thing", "cd" * 32, builder([]), cache_root=tmp_path)
+    assert cache.entry("thing", "cd" * 32, builder([]), cache_root=tmp_path).built is False
+    stamp = entry.path / ".verified.json"
+    assert not stamp.exists() or json.loads(stamp.read_text()) == {}
+
+
 def test_the_fingerprint_names_the_content(tmp_path):
     a = cache.entry("a", "01" * 32, builder([], "one"), cache_root=tmp_path)
     b = cache.entry("b", "02" * 32, builder([], "one"), cache_root=tmp_path)

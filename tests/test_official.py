@@ -214,3 +214,25 @@ def test_the_model_directorys_tokenizer_hooks_shape_the_official_render(tmp_path
     assert "namespace functions" in text
     # The hook's code is part of what the contract records about the official template.
     assert official.hooks_sha256 is not None and len(official.hooks_sha256) == 64
+
+
+def test_the_ggufs_template_is_read_from_the_file_once_per_content_and_then_from_the_cache(tmp_path, monkeypatch):
+    # GGUFReader parses every metadata field to give one (~2.5 s a process): the contract stage and
+    # every test process would pay it. The field is kept in draftgate's cache, keyed by the file.
+    import gguf
+
+    from draftgate import cache, official
+
+    monkeypatch.setenv("DRAFTGATE_CACHE", str(tmp_path))
+    path = smollm2_gguf()
+    read = official._gguf_chat_template.__wrapped__            # past the in-process memo
+    text = read(str(path), 0, 0)
+    assert text == gguf.GGUFReader(str(path)).fields["tokenizer.chat_template"].contents()
+    [entry] = tmp_path.glob("gguf-chat-template-*")
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["inputs"] == {"gguf_sha256": cache.file_sha256(path)}
+
+    def unread(*args, **kwargs):
+        raise AssertionError("the GGUF was parsed again")
+    monkeypatch.setattr(gguf, "GGUFReader", unread)
+    assert read(str(path), 0, 0) == text

@@ -6,6 +6,7 @@ the source of the three functions below), with the pre-tokenizer llama.cpp uses 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from draftgate import cache
@@ -19,14 +20,22 @@ def smollm2_gguf() -> Path:
 
 
 def load_smollm2() -> Tokenizer:
-    from transformers import PreTrainedTokenizerFast
-
     gguf = smollm2_gguf()
     sha = cache.file_sha256(gguf)
     key = cache.key(sha, versions(), cache.recipe(__name__, "load_smollm2", "_convert_smollm2", "_gguf_pre"))
     entry = cache.entry("smollm2", key, lambda folder: _convert_smollm2(gguf, folder),
                         inputs={"gguf_sha256": sha})
-    return Tokenizer(PreTrainedTokenizerFast.from_pretrained(str(entry.path)), "smollm2")
+    return _loaded(str(entry.path), entry.fingerprint)
+
+
+@lru_cache(maxsize=4)
+def _loaded(path: str, fingerprint: str) -> Tokenizer:
+    # One object per entry content and process: a stage or test asks for the tokenizer from several
+    # places (the target, the served identity, the engine's folder), ~0.3 s a load. Nothing
+    # changes a Tokenizer after it is built (the session fixtures share theirs the same way).
+    from transformers import PreTrainedTokenizerFast
+
+    return Tokenizer(PreTrainedTokenizerFast.from_pretrained(path), "smollm2")
 
 
 def _convert_smollm2(gguf: Path, out: Path) -> None:
