@@ -166,6 +166,8 @@ def _holds(folder: Path, files: dict[str, str]) -> bool:
     try:
         stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        stamp = None
+    if not isinstance(stamp, dict):     # none yet, or unreadable: every file is hashed
         stamp = {}
     now = time.time()
     fresh = {}

@@ -77,6 +77,16 @@ def test_a_file_whose_stat_is_the_one_stamped_at_its_last_check_is_not_hashed_ag
     assert read[0] == "tokenizer.json" and rebuilt.built and len(calls) == 2   # (then the rebuild's own)
 
 
+def test_a_damaged_stamp_only_means_every_file_is_hashed_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "RACY_S", 0.0)
+    entry = cache.entry("thing", "cd" * 32, builder([]), cache_root=tmp_path)
+    for damage in ("[1, 2]", "{not json"):
+        (entry.path / ".verified.json").write_text(damage)
+        again = cache.entry("thing", "cd" * 32, builder([]), cache_root=tmp_path)
+        assert again.built is False and again.fingerprint == entry.fingerprint
+        assert sorted(json.loads((entry.path / ".verified.json").read_text())) == ["sub/weights.bin", "tokenizer.json"]
+
+
 def test_a_file_written_in_the_last_seconds_is_hashed_on_every_load_and_not_stamped(tmp_path):
     entry = cache.entry("thing", "cd" * 32, builder([]), cache_root=tmp_path)
     assert cache.entry("thing", "cd" * 32, builder([]), cache_root=tmp_path).built is False
