@@ -292,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             "search_over_plain_cpu": round(search_cpu / plain_cpu, 2)} if args.backend == "hf" else
            vllm_timings(engine_figures, search_s, search_cpu, phases.get("base", [0, 0, 0])[2])),
         "calibration": calibration(graded),
-        "params": overrides, "failures": failures[:10],
+        # Every search miss (each one is the search's to remove), then the first other misses.
+        "params": overrides, "failures": sorted(failures, key=lambda f: f["kind"] != "search_miss")[
+            :max(10, counts["search_miss"])],
     }
     print(json.dumps(figures, indent=1))
     if args.json:

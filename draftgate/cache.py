@@ -147,12 +147,13 @@ def fingerprint(files: dict[str, str]) -> str:
 
 
 def _hash_files(folder: Path) -> dict[str, str]:
-    return {name: _read_sha256(p) for name, p in _contents(folder).items()}
+    return {name: _read_sha256(p) for name, p in contents(folder).items()}
 
 
-def _contents(folder: Path) -> dict[str, Path]:
+def contents(folder: Path) -> dict[str, Path]:
     """The entry's files by relative name: all but its manifest and its stamp (with the stamp's
-    temp files, so another process writing one is not taken for a stray file)."""
+    temp files, so another process writing one is not taken for a stray file). Code that copies an
+    entry's files elsewhere reads them from here, never from a listing of the folder."""
     return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*"))
             if p.is_file() and p.name != MANIFEST and not (p.parent == folder and p.name.startswith(STAMP))}
 
@@ -160,7 +161,7 @@ def _contents(folder: Path) -> dict[str, Path]:
 def _holds(folder: Path, files: dict[str, str]) -> bool:
     """The folder holds exactly `files`, each with its hash: a file whose stat is the one stamped
     with this hash is not read again; every other file is hashed, and stamped when it matches."""
-    present = _contents(folder)
+    present = contents(folder)
     if set(present) != set(files):
         return False
     try:

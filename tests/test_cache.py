@@ -94,6 +94,26 @@ def test_a_file_written_in_the_last_seconds_is_hashed_on_every_load_and_not_stam
     assert not stamp.exists() or json.loads(stamp.read_text()) == {}
 
 
+def test_two_verified_entries_assemble_into_one_folder_without_their_stamps_or_manifests(tmp_path, monkeypatch):
+    # engine/model.py puts the weights and tokenizer entries side by side for vLLM. Each entry has
+    # its own manifest and stat stamp; on a fresh cache both stamps were taken for model files.
+    from draftgate.engine.model import assemble
+
+    monkeypatch.setattr(cache, "RACY_S", 0.0)
+    weights = cache.entry("w", "01" * 32, lambda f: (f / "model.safetensors").write_bytes(b"w"), cache_root=tmp_path)
+    tok = cache.entry("t", "02" * 32, lambda f: (f / "tokenizer.json").write_text("{}"), cache_root=tmp_path)
+    assert (weights.path / ".verified.json").exists() and (tok.path / ".verified.json").exists()
+    folder = tmp_path / "served"
+    folder.mkdir()
+    assemble(weights.path, tok.path, folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors", "tokenizer.json"]
+    # A real clash between the two entries' content still stops it, naming the file.
+    (tok.path / "model.safetensors").write_bytes(b"t")
+    (tmp_path / "again").mkdir()
+    with pytest.raises(RuntimeError, match="would overwrite model.safetensors"):
+        assemble(weights.path, tok.path, tmp_path / "again")
+
+
 def test_the_fingerprint_names_the_content(tmp_path):
     a = cache.entry("a", "01" * 32, builder([], "one"), cache_root=tmp_path)
     b = cache.entry("b", "02" * 32, builder([], "one"), cache_root=tmp_path)

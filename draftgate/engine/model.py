@@ -38,10 +38,12 @@ def servable_dir(cache_root: Path | None = None) -> cache.Entry:
 def assemble(weights: Path, tokenizer: Path, folder: Path) -> None:
     """Weights (hard links: 538 MB shared, not copied) and tokenizer files into one folder."""
     for src_dir, kind in ((weights, "weights"), (tokenizer, "tokenizer")):
-        for src in sorted(src_dir.iterdir()):
-            if src.name == cache.MANIFEST or not src.is_file():
-                continue
-            dst = folder / src.name
+        # The entries' content only: each has its own manifest and stat stamp, which are not files
+        # of the model (two stamps collided here on a fresh cache).
+        for name, src in cache.contents(src_dir).items():
+            if "/" in name:
+                continue        # vLLM reads the model folder's top level; both entries are flat
+            dst = folder / name
             if dst.exists():
                 raise RuntimeError(f"{src} ({kind}) would overwrite {dst.name} from the other entry; "
                                    "the weights and tokenizer entries must not share file names")
