@@ -9,7 +9,8 @@ import pytest
 
 from draftgate.config import RepairParams
 from draftgate.repair.score import HFScorer, Sampling, VllmScorer, post_json
-from draftgate.repair.search import Vocab, Window, _best, _contenders, _log_mass, _max_marginals, search, spans
+from draftgate.repair.search import (Vocab, Window, _best, _contenders, _log_mass, _max_marginals, _swap_terms, search,
+                                     spans)
 from test_repair_score import local_model
 
 # The model wrote " trans|pose" where the text re-encodes as " transpose" (twice): canonical shorter.
@@ -110,6 +111,22 @@ def test_the_posterior_mass_sums_every_set_of_disjoint_windows_at_the_bills_leng
         for k, got in enumerate(_max_marginals(6, ws, vals, want, 8)):
             held = [t for t, sol in sols if k in sol and t > -math.inf]
             assert got == pytest.approx(max(held)) if held else got == -math.inf
+
+
+def test_a_split_scored_over_the_whole_row_counts_in_the_mass_at_that_score_not_its_windows_sum():
+    import math
+
+    # Three splits at the length, by their windows' local sums: the base (0), -1 and +2. Re-scored
+    # over the whole row, the +2 one is really -3 (it lost downstream) and the -1 one is -0.5: the
+    # mass is the sum of the terms with those two swapped, whichever order they come in.
+    mass = math.log(1 + math.exp(-1.0) + math.exp(2.0))
+    want = math.log(1 + math.exp(-0.5) + math.exp(-3.0))
+    assert _swap_terms(mass, [(-3.0, 2.0), (-0.5, -1.0)]) == pytest.approx(want, abs=1e-12)
+    assert _swap_terms(mass, [(-0.5, -1.0), (-3.0, 2.0)]) == pytest.approx(want, abs=1e-12)
+    assert _swap_terms(mass, []) == mass and _swap_terms(-math.inf, [(0.0, 0.0)]) == -math.inf
+    # Where the swapped terms are the whole mass, rounding cannot leave less than the exact terms.
+    only = math.log(math.exp(30.0) + math.exp(-40.0))
+    assert _swap_terms(only, [(1.0, 30.0), (-40.0, -40.0)]) == pytest.approx(math.log(math.exp(1.0) + math.exp(-40.0)))
 
 
 def test_near_ties_are_settled_by_exact_scores_and_a_leading_base_stands_alone():

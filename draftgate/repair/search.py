@@ -39,7 +39,8 @@ token other than C's at a boundary. So:
    deltas (windows interact when close). The winner's re-score is the next pass's base.
 5. The winner's CONFIDENCE is its share of the likelihood of every split at the length (`_log_mass`:
    the same programme summing instead of maximising; unscored windows at their bound, those the
-   cap left out included, so it errs low): the posterior that the choice is what was sampled.
+   cap left out included, so it errs low; the splits re-scored in 4 at their exact score): the
+   posterior that the choice is what was sampled.
 
 Every candidate is built from tokens whose bytes tile the span exactly, so it decodes to the same
 bytes by construction; `decodes_to` proves it again for the chosen ids.
@@ -749,6 +750,14 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         ids, nxt = yield from rescored(sols[0], base)
         ranked.append((sum(max(v, FLOOR) for v in nxt.logprobs), sols[0]))
     ranked.sort(key=lambda x: -x[0])
+    # The splits scored over the whole row count in the mass at that value, not at the sum of
+    # their windows' local deltas: the confidence's numerator is the winner's exact likelihood, so
+    # its denominator counts the winner, and each contender re-scored beside it, the same way. (A
+    # split whose windows win locally and lose downstream otherwise keeps its local weight, and the
+    # exact split that beat it reads as unlikely.)
+    local_of = {tuple(windows[i] for i in sol): loc for sol, loc in zip(picked, local)}
+    swaps = [(v - total, local_of[edits]) for v, edits in ranked if edits and edits in local_of]
+    mass, mass_scored = _swap_terms(mass, swaps), _swap_terms(mass_scored, swaps)
     ranked = ranked[:1] + sorted(ranked[1:] + behind, key=lambda x: -x[0])
     out = _Pass(total, mass, mass_scored, ranked, candidates, truncated)
     out.reach = reach if len(active) < len(windows) else None
@@ -765,6 +774,18 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         out.carry = {(w.start, w.end, w.ids): value[k] for k, w in enumerate(windows)
                      if k in value and w.end + la <= first}
     return out
+
+
+def _swap_terms(log_mass: float, swaps: Sequence[tuple[float, float]]) -> float:
+    """`log_mass` with each split's term exp(local) replaced by exp(exact) (swaps: (exact, local),
+    logs relative to the base). Rounding cannot take the rest below zero: it is at least the
+    exact terms."""
+    if not swaps or log_mass == -math.inf:
+        return log_mass
+    top = max(log_mass, *(e for e, _ in swaps), *(loc for _, loc in swaps))
+    rest = math.exp(log_mass - top) - sum(math.exp(loc - top) for _, loc in swaps)
+    exact = sum(math.exp(e - top) for e, _ in swaps)
+    return top + math.log(max(rest, 0.0) + exact)
 
 
 def _edits(canon: Sequence[int], ids: Sequence[int]) -> list[Window]:
