@@ -195,6 +195,23 @@ def test_a_row_the_model_wrote_canonically_keeps_its_ids(lm, vocab):
     assert out.status == "kept" and out.reason == "canonical" and out.ids == cut
 
 
+def test_a_canonical_encoding_standing_in_the_first_pass_costs_the_base_pass_alone(lm, vocab):
+    prompt, canon, _ = row(lm, vocab, CARPET)
+    out = repaired(lm, vocab, prompt, canon[:10], 10)
+    assert out.reason == "canonical" and out.passes == 1
+    assert set(out.phases) == {"base"}, "nothing is scored to sharpen the confidence of a row left as it came"
+    assert out.confidence < out.confidence_hi        # the unscored windows count at their bound: it errs low
+
+
+def test_the_last_allowed_pass_sharpens_the_confidence_of_the_split_it_chose(lm, vocab):
+    prompt, canon, _ = row(lm, vocab, TRANSPOSE)
+    out = repaired(lm, vocab, prompt, canon, len(canon) + 2, passes=1)
+    blunt = repaired(lm, vocab, prompt, canon, len(canon) + 2, passes=1, confidence_nats=0.0)
+    assert out.status == blunt.status == "repaired" and out.ids == blunt.ids
+    assert "confidence" in out.phases and "confidence" not in blunt.phases
+    assert out.confidence > blunt.confidence          # windows scored near the best replace their bounds
+
+
 def test_a_row_without_a_bill_is_searched_without_a_length_and_flagged(lm, vocab):
     prompt, canon, truth = row(lm, vocab, CAPITALISE)
     out = repaired(lm, vocab, prompt, canon, None)

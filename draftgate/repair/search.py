@@ -462,7 +462,7 @@ class _Pass:
 
 
 def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int | None, vocab: Vocab,
-          params: RepairParams, known: dict, k: int = 0) -> Generator[_Call, Any, _Pass]:
+          params: RepairParams, known: dict, number: int = 0) -> Generator[_Call, Any, _Pass]:
     """One pass around `canon` (the base: the canonical ids, or the previous pass's choice) whose
     scores are `scored`.
 
@@ -477,7 +477,8 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     the leader is the base or exact. So only windows that could win are scored: on exact rows, the
     few whose bound beats the base. (Filling the rounds by max-marginal rather than bare bound
     halved the windows scored on tests/test_repair_search.py's four rows for the same choices.)
-    Where search_tokens runs out first, the pass is `truncated`. `k`: the pass's number."""
+    Where search_tokens runs out first, the pass is `truncated`. `number`: the pass's, from 0 (a
+    name no loop below rebinds: `k` indexes windows)."""
     base = prompt + canon
     p0 = len(prompt)
     lp = [max(v, FLOOR) for v in scored.logprobs]
@@ -694,7 +695,7 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     # unscored windows at their bound, so it errs lower), which makes such rows cost the base pass
     # alone where every other split is below the canonical encoding at its bound.
     leads = bool(best and best[0])
-    final = (not leads and k > 0) or (leads and k == params.passes - 1)
+    final = (not leads and number > 0) or (leads and number == params.passes - 1)
     while final and params.confidence_nats > 0 and not truncated and spent < params.search_tokens:
         vals = current()
         top = _best(len(canon), windows, vals, want, params.max_length_delta, 1)
