@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from draftgate.repair.score import (Bound, HFScorer, RawPosition, Sampling, ScoreError, SglangScorer, VllmScorer,
-                                    temper, tempered_logprobs)
+                                    picked_logprobs, temper, tempered_logprobs)
 
 TEXT = "Write a Python function that checks whether a string is a palindrome."
 
@@ -47,6 +47,22 @@ def test_the_nucleus_makes_tokens_outside_it_impossible_and_renormalises_the_res
     assert greedy[0] == 0.0 and all(v == -math.inf for v in greedy[1:])
     top1 = tempered_logprobs(logits, Sampling(1.0, top_k=1))[0].tolist()
     assert top1[0] == 0.0 and top1[1] == -math.inf
+
+
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7), Sampling(0.7, top_p=0.8), Sampling(1.0, top_k=2),
+                                      Sampling(0.0)], ids=["plain", "tempered", "nucleus", "top-k", "greedy"])
+def test_the_picked_log_probabilities_are_the_full_distributions_at_those_ids(sampling):
+    import torch
+
+    logits = torch.randn((5, 300), generator=torch.Generator().manual_seed(7)) * 4
+    picks = [[0, 17], [], [299, 3, 3], [int(logits[3].argmax())], [5]]
+    full = tempered_logprobs(logits, sampling)
+    got = picked_logprobs(logits, sampling, picks)
+    assert [len(g) for g in got] == [len(p) for p in picks]
+    for k, (row, want) in enumerate(zip(got, picks)):
+        for v, i in zip(row, want):
+            ref = float(full[k, i])
+            assert v == ref if math.isinf(ref) else math.isclose(v, ref, rel_tol=1e-6, abs_tol=1e-5)
 
 
 def test_branches_on_the_cached_prefix_score_exactly_like_full_forwards(lm, ids):
