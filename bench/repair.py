@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         search_s, search_cpu = time.perf_counter() - t, time.process_time() - c
         # The baseline, twice, after the search: the process's first large forward runs ~10% slower
         # (timed before the search it took 136.7 s against 123.6 s after, and 61.8 s against 55.2 s
-        # on the demo's rows), and the speed drifts between runs (the same base pass took 161-185 s
-        # in four runs of one day), so the ratios use the mean of two warm timings.
+        # on the demo's rows), and the speed drifts between runs (the same base pass took 148-185 s
+        # in five runs of one day), so the ratios use the mean of two warm timings.
         plain_each = [plain_forward(lm, rows, params.batch_tokens) for _ in range(2)]
     for k, (r, out) in enumerate(zip(rows, outcomes)):
         differs = r["canon"] != r["truth"]

@@ -153,7 +153,6 @@ def tempered_logprobs(logits: Any, sampling: Sampling) -> Any:
     return torch.full_like(lp, NEG_INF).scatter(-1, order, sorted_lp)
 
 
-
 def picked_logprobs(logits: Any, sampling: Sampling, picks: Sequence[Sequence[int]]) -> list[list[float]]:
     """Per row of [n, V] logits: the sampler's log-probabilities of the ids picks[row], nothing else.
 
