@@ -141,6 +141,32 @@ def test_rows_scored_in_one_padded_batch_score_like_each_alone_and_branch_on_the
     assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
 
 
+def test_a_trie_that_outgrows_its_rows_room_still_scores_like_full_forwards(lm, ids):
+    # A cached row keeps ROW_ROOM free columns for its trie and grows its buffers past them: nodes
+    # appended before, across and after the growth, in rounds of several rows and of one, and a
+    # branch forward that appends then crops, must all score as full forwards do.
+    from draftgate.repair.score import ROW_ROOM
+
+    sampling = Sampling(1.0)
+    rows = [ids, ids[:9]]
+    scorer = HFScorer(lm.model, sampling)
+    scorer.score_rows([(r, 1, None) for r in rows])
+    chains = [(ids, 3, [100 + j for j in range(ROW_ROOM + 10)]), (ids[:9], 5, [200 + j for j in range(12)])]
+    for a in range(0, ROW_ROOM + 10, 30):
+        scorer.score_nodes_many([(base, [(at, path[:b], [7]) for b in range(a + 1, min(a + 30, len(path)) + 1)])
+                                 for base, at, path in chains if a < len(path)])
+    assert scorer._rows[tuple(ids)].cache.get_seq_length() == len(ids) + ROW_ROOM + 10
+    for base, at, path in chains:
+        picks = [max(1, len(path) // 2), len(path)]
+        got = scorer.score_nodes(base, [(at, path[:b], [7]) for b in picks])
+        for b, (v,) in zip(picks, got):
+            plain = HFScorer(lm.model, sampling).score(base[:at] + path[:b] + [7], at + b).logprobs[-1]
+            assert abs(v - plain) < 1e-4
+    branch = scorer.score_branches(ids, [(2, [ids[2], 300, 301])])[0]
+    plain = HFScorer(lm.model, sampling).score(ids[:2] + [ids[2], 300, 301], 2).logprobs
+    assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
+
+
 def test_several_rows_trie_rounds_are_one_forward_and_score_like_each_row_alone(lm, ids):
     sampling = Sampling(0.7, top_p=0.95)
     rows = [ids, ids[:9], ids[2:]]

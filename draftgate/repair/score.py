@@ -65,6 +65,7 @@ as impossible, and through vLLM's top 20 the search missed splits whose first to
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import urllib.request
@@ -305,7 +306,7 @@ class HFScorer:
             # One row: a plain causal forward on a copy of its prefix, no mask, as a row alone has
             # always been scored (the same kernels as the base pass and the hidden stage).
             (ids, row, _), c = jobs[0], commons[0]
-            cache = _stack([row.cache], [c], c, self.model.config) if c else DynamicCache(config=self.model.config)
+            cache = _stack([row.cache], [c], c, self.model.config, len(ids) - c + ROW_ROOM) if c else DynamicCache(config=self.model.config)
             h_new = self.model.get_decoder()(input_ids=torch.tensor([ids[c:]], dtype=torch.long, device=dev),
                                              position_ids=torch.arange(c, len(ids), device=dev)[None],
                                              cache=cache, use_cache=True).last_hidden_state[0]
@@ -317,7 +318,7 @@ class HFScorer:
         width = max(commons)
         m = max(len(ids) - c for (ids, _, _), c in zip(jobs, commons))
         batch = _stack([row.cache if row is not None else None for _, row, _ in jobs], commons, width,
-                       self.model.config)
+                       self.model.config, m)
         allow = torch.zeros((len(jobs), m, width + m), dtype=torch.bool)
         x = torch.zeros((len(jobs), m), dtype=torch.long)
         pos = torch.zeros((len(jobs), m), dtype=torch.long)
@@ -408,16 +409,10 @@ class HFScorer:
 
     def _adopt(self, key: tuple[int, ...]) -> None:
         """Make a row of the last score_rows batch a cached base (its slice of the batch cache)."""
-        from transformers.cache_utils import DynamicCache
-
         if key not in self._pending or key in self._rows:
             return
         batch_cache, k, h = self._pending.pop(key)
-        n = len(key)
-        cache = DynamicCache(config=self.model.config)
-        for li, layer in enumerate(batch_cache.layers):
-            cache.update(layer.keys[k:k + 1, :, :n].clone(), layer.values[k:k + 1, :, :n].clone(), li)
-        self._rows[key] = _Row(key, cache, h[k, :n])
+        self._rows[key] = _Row(key, _unstack(batch_cache, k, [(0, len(key))], self.model.config), h[k, :len(key)])
 
     def _on_base(self, base: list[int]) -> _Row:
         key = tuple(base)
@@ -537,15 +532,15 @@ class HFScorer:
         mask = torch.zeros((len(group), 1, m, width + m), dtype=dtype)
         mask.masked_fill_(~allow[:, None], torch.finfo(dtype).min)
         cache = group[0][0].cache if len(group) == 1 else _stack([row.cache for row, _ in group], widths, width,
-                                                                 self.model.config)
+                                                                 self.model.config, m)
         with torch.inference_mode(), _gqa_in_sdpa():
             h = self.model.get_decoder()(input_ids=x.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                                          cache=cache, use_cache=True).last_hidden_state
             for r, (row, keys) in enumerate(group):
                 if len(group) > 1:
                     for li, layer in enumerate(cache.layers):
-                        row.cache.update(layer.keys[r:r + 1, :, width:width + len(keys)].clone(),
-                                         layer.values[r:r + 1, :, width:width + len(keys)].clone(), li)
+                        row.cache.update(layer.keys[r:r + 1, :, width:width + len(keys)],
+                                         layer.values[r:r + 1, :, width:width + len(keys)], li)
                 for o, key in enumerate(keys):
                     row.tree[key] = (widths[r] + o, h[r, o])
         self.counters.forwards += 1
@@ -600,6 +595,10 @@ class HFScorer:
 # more than ~12 tokens costs more than a forward of its own.
 PAD_SLACK = 12
 
+# Columns a cached row's buffers keep free for the trie nodes and re-scores appended to it
+# (_Filled): a pass scores a few dozen nodes a row at T 1.0. More are met by growing the buffers.
+ROW_ROOM = 64
+
 
 def _joins(count: int, first: int, size: int, budget: int) -> bool:
     """Whether a row of `size` new tokens joins a group of `count` rows led by one of `first`
@@ -644,10 +643,10 @@ def _gqa_in_sdpa() -> Any:
             os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = old
 
 
-def _stack(caches: Sequence[Any], widths: Sequence[int], width: int, config: Any) -> Any:
+def _stack(caches: Sequence[Any], widths: Sequence[int], width: int, config: Any, room: int = 0) -> Any:
     """A DynamicCache of batch len(caches): row r holds caches[r]'s first widths[r] columns (None:
-    nothing), right-padded to `width` with zeros (masked by the caller)."""
-    import torch
+    nothing), right-padded to `width` with zeros (masked by the caller), with `room` columns after
+    them that the forward's new keys and values are written into in place (_Filled)."""
     from transformers.cache_utils import DynamicCache
 
     ref = next(c for c in caches if c is not None) if any(c is not None for c in caches) else None
@@ -655,26 +654,69 @@ def _stack(caches: Sequence[Any], widths: Sequence[int], width: int, config: Any
     if ref is None:
         return out
     for li, layer in enumerate(ref.layers):
-        shape = (len(caches), layer.keys.shape[1], width, layer.keys.shape[3])
+        shape = (len(caches), layer.keys.shape[1], width + room, layer.keys.shape[3])
         keys = layer.keys.new_zeros(shape)
         values = layer.values.new_zeros(shape)
         for r, (c, w) in enumerate(zip(caches, widths)):
             if c is not None and w:
                 keys[r, :, :w] = c.layers[li].keys[0, :, :w]
                 values[r, :, :w] = c.layers[li].values[0, :, :w]
-        out.update(keys, values, li)
+        out.layers[li] = _filled()(keys, values, width)
     return out
 
 
+@functools.cache
+def _filled() -> type:
+    """A cache layer over buffers with room after its filled columns: `update` writes the new ones
+    in place, growing the buffers only when the room runs out. A DynamicLayer concatenates
+    instead: each node round copied every row's cache three times, into the batch, to append the
+    round's columns in the forward, and to append them to the row's own cache (~0.8 ms a trie
+    node on this CPU, sampled by py-spy; docs/repair.md)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class Filled(DynamicLayer):
+        def __init__(self, keys: Any, values: Any, filled: int):
+            super().__init__()
+            self.room_keys, self.room_values, self.filled = keys, values, filled
+            self.keys, self.values = keys[..., :filled, :], values[..., :filled, :]
+            self.device, self.is_initialized = keys.device, True
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            end = self.filled + key_states.shape[-2]
+            if end > self.room_keys.shape[-2]:        # no room left: move to buffers with more
+                shape = (*self.room_keys.shape[:-2], end + max(ROW_ROOM, end // 4), self.room_keys.shape[-1])
+                keys, values = self.room_keys.new_empty(shape), self.room_values.new_empty(shape)
+                keys[..., :self.filled, :] = self.keys
+                values[..., :self.filled, :] = self.values
+                self.room_keys, self.room_values = keys, values
+            self.room_keys[..., self.filled:end, :] = key_states
+            self.room_values[..., self.filled:end, :] = value_states
+            self.filled = end
+            self.keys, self.values = self.room_keys[..., :end, :], self.room_values[..., :end, :]
+            return self.keys, self.values
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)           # the columns cut stay in the buffer, to be written over
+            self.filled = self.keys.shape[-2]
+
+    return Filled
+
+
 def _unstack(batch: Any, r: int, spans: Sequence[tuple[int, int]], config: Any) -> Any:
-    """A DynamicCache of batch 1: row r of `batch`, its columns [a, b) of each span, in order."""
-    import torch
+    """A DynamicCache of batch 1: row r of `batch`, its columns [a, b) of each span, in order, in
+    buffers with ROW_ROOM columns more for the trie's (_Filled)."""
     from transformers.cache_utils import DynamicCache
 
     out = DynamicCache(config=config)
+    n = sum(b - a for a, b in spans)
     for li, layer in enumerate(batch.layers):
-        out.update(torch.cat([layer.keys[r:r + 1, :, a:b] for a, b in spans], dim=2).clone(),
-                   torch.cat([layer.values[r:r + 1, :, a:b] for a, b in spans], dim=2).clone(), li)
+        shape = (1, layer.keys.shape[1], n + ROW_ROOM, layer.keys.shape[3])
+        keys, values, at = layer.keys.new_empty(shape), layer.values.new_empty(shape), 0
+        for a, b in spans:
+            keys[0, :, at:at + b - a] = layer.keys[r, :, a:b]
+            values[0, :, at:at + b - a] = layer.values[r, :, a:b]
+            at += b - a
+        out.layers[li] = _filled()(keys, values, n)
     return out
 
 
