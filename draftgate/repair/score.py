@@ -306,7 +306,8 @@ class HFScorer:
             # One row: a plain causal forward on a copy of its prefix, no mask, as a row alone has
             # always been scored (the same kernels as the base pass and the hidden stage).
             (ids, row, _), c = jobs[0], commons[0]
-            cache = _stack([row.cache], [c], c, self.model.config, len(ids) - c + ROW_ROOM) if c else DynamicCache(config=self.model.config)
+            cache = (_stack([row.cache], [c], c, self.model.config, len(ids) - c + ROW_ROOM) if c
+                     else DynamicCache(config=self.model.config))
             h_new = self.model.get_decoder()(input_ids=torch.tensor([ids[c:]], dtype=torch.long, device=dev),
                                              position_ids=torch.arange(c, len(ids), device=dev)[None],
                                              cache=cache, use_cache=True).last_hidden_state[0]
