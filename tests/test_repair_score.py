@@ -36,6 +36,20 @@ def ids(lm):
     return lm.tokenizer.encode(TEXT)
 
 
+def full(lm, sampling):
+    """The reference: a scorer that runs the model's own forward (never HFScorer._flat)."""
+    scorer = HFScorer(lm.model, sampling)
+    scorer.flat = False
+    return scorer
+
+
+@pytest.fixture(params=[True, False], ids=["unpadded", "padded"])
+def flat(request):
+    """The forwards on cached rows: unpadded by the decoder's parts (the embedded model's), or a
+    padded batch through the model's forward (any other model's)."""
+    return request.param
+
+
 def test_the_nucleus_makes_tokens_outside_it_impossible_and_renormalises_the_rest():
     import torch
 
@@ -74,13 +88,14 @@ def test_branches_on_the_cached_prefix_score_exactly_like_full_forwards(lm, ids)
     # One pass for the base, one tree-masked pass for every branch together.
     assert scorer.counters.forwards == 2
     for (at, tail), lps in zip(branches, got):
-        plain = HFScorer(lm.model, sampling).score(ids[:at] + list(tail), at).logprobs
+        plain = full(lm, sampling).score(ids[:at] + list(tail), at).logprobs
         assert all((a == b == -math.inf) or abs(a - b) < 1e-4 for a, b in zip(lps, plain))
 
 
-def test_trie_nodes_score_like_full_forwards_and_a_shared_prefix_is_forwarded_once(lm, ids):
+def test_trie_nodes_score_like_full_forwards_and_a_shared_prefix_is_forwarded_once(lm, ids, flat):
     sampling = Sampling(0.7, top_p=0.95)
     scorer = HFScorer(lm.model, sampling)
+    scorer.flat = flat
     scorer.score(ids, 1)
     # Two windows through the node (4, [ids[4]]), one of them a level deeper, and another branch.
     nodes = [(4, [ids[4]], [ids[5], 300]), (4, [ids[4], ids[5]], [ids[6]]), (6, [300, 301], [ids[8], 5])]
@@ -90,11 +105,11 @@ def test_trie_nodes_score_like_full_forwards_and_a_shared_prefix_is_forwarded_on
     assert scorer.counters.tokens == len(ids) + 5            # its ancestors stayed in the cache
     for (at, path, ask), lps in zip(nodes + [(4, [ids[4], ids[5], ids[6]], [ids[7]])], got + deeper):
         for a, v in zip(ask, lps):
-            plain = HFScorer(lm.model, sampling).score(ids[:at] + list(path) + [a], at + len(path)).logprobs[-1]
+            plain = full(lm, sampling).score(ids[:at] + list(path) + [a], at + len(path)).logprobs[-1]
             assert (v == plain == -math.inf) or abs(v - plain) < 1e-4
     # Other uses of the cache drop the trie first: a branch and a new base still score exactly.
     branch = scorer.score_branches(ids, [(4, [ids[4], 300])])[0]
-    plain = HFScorer(lm.model, sampling).score(ids[:4] + [ids[4], 300], 4).logprobs
+    plain = full(lm, sampling).score(ids[:4] + [ids[4], 300], 4).logprobs
     assert max(abs(a - b) for a, b in zip(branch, plain) if a > -math.inf) < 1e-4
 
 
@@ -112,14 +127,15 @@ def test_an_engine_scores_a_trie_node_with_one_request_for_all_its_asked_tokens(
     assert got[0].path == pytest.approx(path[0], abs=1e-4) and got[1].path == pytest.approx(path[1], abs=1e-4)
 
 
-def test_a_base_that_shares_a_prefix_with_the_last_is_scored_from_where_they_differ(lm, ids):
+def test_a_base_that_shares_a_prefix_with_the_last_is_scored_from_where_they_differ(lm, ids, flat):
     sampling = Sampling(1.0)
     scorer = HFScorer(lm.model, sampling)
+    scorer.flat = flat
     scorer.score(ids, 1)
     edited = ids[:7] + [300, 301] + ids[8:]
     again = scorer.score(edited, 2, [[5]] * (len(edited) - 2))
     assert scorer.counters.tokens == len(ids) + len(edited) - 7          # the shared 7 tokens ran once
-    fresh = HFScorer(lm.model, sampling).score(edited, 2, [[5]] * (len(edited) - 2))
+    fresh = full(lm, sampling).score(edited, 2, [[5]] * (len(edited) - 2))
     assert max(abs(a - b) for a, b in zip(again.logprobs, fresh.logprobs)) < 1e-4
     assert max(abs(a[5] - b[5]) for a, b in zip(again.asked, fresh.asked)) < 1e-4
 
@@ -131,17 +147,17 @@ def test_rows_scored_in_one_padded_batch_score_like_each_alone_and_branch_on_the
     batched = scorer.score_rows(rows)
     assert scorer.counters.forwards == 1
     for (row, start, ask), got in zip(rows, batched):
-        alone = HFScorer(lm.model, sampling).score(row, start, ask)
+        alone = full(lm, sampling).score(row, start, ask)
         assert max(abs(a - b) for a, b in zip(got.logprobs, alone.logprobs)) < 1e-4
         assert all(abs(a[k] - b[k]) < 1e-4 for a, b in zip(got.asked, alone.asked) for k in a)
     short = ids[:9]
     branch = scorer.score_branches(short, [(4, [300, 301])])[0]
     assert scorer.counters.forwards == 2                                 # no second pass over the row
-    plain = HFScorer(lm.model, sampling).score(short[:4] + [300, 301], 4).logprobs
+    plain = full(lm, sampling).score(short[:4] + [300, 301], 4).logprobs
     assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
 
 
-def test_a_trie_that_outgrows_its_rows_room_still_scores_like_full_forwards(lm, ids):
+def test_a_trie_that_outgrows_its_rows_room_still_scores_like_full_forwards(lm, ids, flat):
     # A cached row keeps ROW_ROOM free columns for its trie and grows its buffers past them: nodes
     # appended before, across and after the growth, in rounds of several rows and of one, and a
     # branch forward that appends then crops, must all score as full forwards do.
@@ -150,6 +166,7 @@ def test_a_trie_that_outgrows_its_rows_room_still_scores_like_full_forwards(lm, 
     sampling = Sampling(1.0)
     rows = [ids, ids[:9]]
     scorer = HFScorer(lm.model, sampling)
+    scorer.flat = flat
     scorer.score_rows([(r, 1, None) for r in rows])
     chains = [(ids, 3, [100 + j for j in range(ROW_ROOM + 10)]), (ids[:9], 5, [200 + j for j in range(12)])]
     for a in range(0, ROW_ROOM + 10, 30):
@@ -160,17 +177,18 @@ def test_a_trie_that_outgrows_its_rows_room_still_scores_like_full_forwards(lm, 
         picks = [max(1, len(path) // 2), len(path)]
         got = scorer.score_nodes(base, [(at, path[:b], [7]) for b in picks])
         for b, (v,) in zip(picks, got):
-            plain = HFScorer(lm.model, sampling).score(base[:at] + path[:b] + [7], at + b).logprobs[-1]
+            plain = full(lm, sampling).score(base[:at] + path[:b] + [7], at + b).logprobs[-1]
             assert abs(v - plain) < 1e-4
     branch = scorer.score_branches(ids, [(2, [ids[2], 300, 301])])[0]
-    plain = HFScorer(lm.model, sampling).score(ids[:2] + [ids[2], 300, 301], 2).logprobs
+    plain = full(lm, sampling).score(ids[:2] + [ids[2], 300, 301], 2).logprobs
     assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
 
 
-def test_several_rows_trie_rounds_are_one_forward_and_score_like_each_row_alone(lm, ids):
+def test_several_rows_trie_rounds_are_one_forward_and_score_like_each_row_alone(lm, ids, flat):
     sampling = Sampling(0.7, top_p=0.95)
     rows = [ids, ids[:9], ids[2:]]
     scorer = HFScorer(lm.model, sampling)
+    scorer.flat = flat
     scorer.score_rows([(r, 1, None) for r in rows])
     asks = [(ids, [(4, [ids[4]], [ids[5], 300]), (4, [ids[4], ids[5]], [ids[6]])]),
             (ids[:9], [(6, [300, 301], [5, ids[8]])]),
@@ -178,32 +196,64 @@ def test_several_rows_trie_rounds_are_one_forward_and_score_like_each_row_alone(
     got = scorer.score_nodes_many(asks)
     assert scorer.counters.forwards == 2                     # the batch's base pass, then one round for all
     deeper = scorer.score_nodes_many([(ids, [(4, [ids[4], ids[5], 7], [9])]), (ids[:9], [(6, [300, 301, 5], [2])])])
-    assert scorer.counters.forwards == 3 and scorer.counters.tokens == 3 * len(ids) + 3 * 2 + 2 * 1
+    # Unpadded, a forward counts its 5 + 2 new nodes; padded, each row as wide as the widest.
+    assert scorer.counters.forwards == 3
+    assert scorer.counters.tokens == 3 * len(ids) + ((5 + 2) if flat else (3 * 2 + 2 * 1))
     for (base, nodes), lps in zip(asks + [(ids, [(4, [ids[4], ids[5], 7], [9])]), (ids[:9], [(6, [300, 301, 5], [2])])],
                                   got + deeper):
-        alone = HFScorer(lm.model, sampling)
+        alone = full(lm, sampling)
         alone.score(base, 1)
         exact = alone.score_nodes(base, nodes)
         assert all(a == b == -math.inf or abs(a - b) < 1e-4 for x, y in zip(lps, exact) for a, b in zip(x, y))
         assert [len(x) for x in lps] == [len(ask) for _, _, ask in nodes]
 
 
-def test_several_rows_next_bases_are_one_forward_from_where_each_leaves_its_old_base(lm, ids):
+def test_several_rows_next_bases_are_one_forward_from_where_each_leaves_its_old_base(lm, ids, flat):
     sampling = Sampling(1.0)
     scorer = HFScorer(lm.model, sampling)
+    scorer.flat = flat
     old = [ids, ids[:10]]
     scorer.score_rows([(r, 1, None) for r in old])
     new = [ids[:5] + [300] + ids[6:], ids[:8] + [301, 302]]
     got = scorer.score_many([(n, 2, None, o) for n, o in zip(new, old)])
     assert scorer.counters.forwards == 2
-    assert scorer.counters.tokens == 2 * len(ids) + 2 * (len(ids) - 5)   # padded to the longer rest
+    # Each from its first difference (5 and 8); padded, both as long as the longer rest.
+    assert scorer.counters.tokens == 2 * len(ids) + ((len(ids) - 5) + (len(new[1]) - 8) if flat else 2 * (len(ids) - 5))
     for n, g in zip(new, got):
-        fresh = HFScorer(lm.model, sampling).score(n, 2).logprobs
+        fresh = full(lm, sampling).score(n, 2).logprobs
         assert max(abs(a - b) for a, b in zip(g.logprobs, fresh)) < 1e-4
     # The old bases stay as they were, for any other search on them.
     branch = scorer.score_branches(ids, [(4, [300, 301])])[0]
-    plain = HFScorer(lm.model, sampling).score(ids[:4] + [300, 301], 4).logprobs
+    plain = full(lm, sampling).score(ids[:4] + [300, 301], 4).logprobs
     assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
+
+
+def test_a_qwen3_decoder_runs_unpadded_like_its_own_forward_and_a_sliding_window_one_takes_its_own(lm):
+    # The embedded target (Llama) runs its cached rows by the decoder's parts. So does a Qwen3 (its
+    # per-head q/k norms): a small one with random weights scores nodes and a next base as its own
+    # forward does. A decoder with a sliding window is left to its own forward.
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    assert HFScorer(lm.model, Sampling(1.0)).flat
+    torch.manual_seed(0)
+    small = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16)
+    qwen = Qwen3ForCausalLM(Qwen3Config(**small)).eval()
+    row = [(7 * k) % 500 + 3 for k in range(40)]
+    scorer, reference = HFScorer(qwen, Sampling(1.0)), HFScorer(qwen, Sampling(1.0))
+    reference.flat = False
+    assert scorer.flat
+    scorer.score(row, 1)
+    nodes = [(4, [row[4]], [5, 6]), (4, [row[4], 300], [7]), (9, [301], [row[10]])]
+    for (at, path, ask), lps in zip(nodes, scorer.score_nodes(row, nodes)):
+        for a, v in zip(ask, lps):
+            assert abs(v - reference.score(row[:at] + path + [a], at + len(path)).logprobs[-1]) < 1e-4
+    edited = row[:6] + [302] + row[7:]
+    assert max(abs(a - b) for a, b in zip(scorer.score(edited, 2, replace=row).logprobs,
+                                          reference.score(edited, 2).logprobs)) < 1e-4
+    mistral = MistralForCausalLM(MistralConfig(sliding_window=8, **small)).eval()
+    assert not HFScorer(mistral, Sampling(1.0)).flat
 
 
 def test_asked_alternatives_come_from_the_same_pass(lm, ids):
