@@ -228,6 +228,27 @@ def test_several_rows_next_bases_are_one_forward_from_where_each_leaves_its_old_
     assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
 
 
+def test_several_rows_branches_are_one_forward_and_leave_each_rows_cache_at_its_base(lm, ids, flat):
+    sampling = Sampling(1.0)
+    rows = [ids, ids[:9]]
+    scorer = HFScorer(lm.model, sampling)
+    scorer.flat = flat
+    scorer.score_rows([(r, 1, None) for r in rows])
+    scorer.score_nodes(ids, [(3, [300, 301], [5])])           # a trie on the row, dropped first
+    asks = [(ids, [(4, ids[4:9]), (6, [ids[6], 300, 301]), (9, [ids[9]])]), (ids[:9], [(2, [302, 303])])]
+    before = scorer.counters.forwards
+    got = scorer.score_branches_many(asks)
+    # Unpadded: one forward for both rows; padded: one a row.
+    assert scorer.counters.forwards - before == (1 if flat else 2)
+    for (base, branches), lps in zip(asks, got):
+        for (at, tail), lp in zip(branches, lps):
+            assert max(abs(a - b) for a, b in zip(lp, full(lm, sampling).score(base[:at] + list(tail), at).logprobs)) < 1e-4
+    for base in rows:                                          # each cache holds its base again
+        assert scorer._rows[tuple(base)].cache.get_seq_length() == len(base)
+    node = scorer.score_nodes(ids, [(5, [304], [7])])[0][0]
+    assert abs(node - full(lm, sampling).score(ids[:5] + [304, 7], 6).logprobs[-1]) < 1e-4
+
+
 def test_a_qwen3_decoder_runs_unpadded_like_its_own_forward_and_a_sliding_window_one_takes_its_own(lm):
     # The embedded target (Llama) runs its cached rows by the decoder's parts. So does a Qwen3 (its
     # per-head q/k norms): a small one with random weights scores nodes and a next base as its own

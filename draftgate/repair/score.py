@@ -464,6 +464,71 @@ class HFScorer:
             out += self._branch_forward(row, group)
         return out
 
+    def score_branches_many(self, asks: Sequence[tuple[Sequence[int], Sequence[tuple[int, Sequence[int]]]]]
+                            ) -> list[list[list[float]]]:
+        """`score_branches` for several (base, branches) of different rows (search_rows' runner-ups
+        re-scored in the same step): unpadded (_flat), every row's branches in one forward on its
+        own cache, which is cut back to its base after; a padded decoder scores them row by row."""
+        import torch
+
+        out: list[list[list[float]] | None] = [None] * len(asks)
+        todo = []
+        for i, (base, branches) in enumerate(asks):
+            base, branches = list(base), [(at, list(ids)) for at, ids in branches]
+            fed = sum(len(ids) - 1 for _, ids in branches)
+            if not self.flat or fed > self.branch_tokens or any(not 1 <= at <= len(base) or not ids
+                                                                for at, ids in branches):
+                out[i] = self.score_branches(base, branches)       # it splits them, or says what is wrong
+            else:
+                todo.append((i, self._on_base(base), branches, fed))
+        while todo:
+            group, rest, held, size = [], [], set(), 0
+            for job in todo:
+                if id(job[1]) in held or (group and size + job[3] > self.branch_tokens):
+                    rest.append(job)
+                else:
+                    group.append(job)
+                    size += job[3]
+                held.add(id(job[1]))                 # two searches on one row: one forward each
+            pieces, rows = [], []
+            for _, row, branches, fed in group:
+                row.drop_tree()
+                if fed:
+                    n = row.cache.get_seq_length()
+                    allow = torch.zeros((fed, n + fed), dtype=torch.bool)
+                    ids, pos, off = [], [], 0
+                    for at, b in branches:
+                        allow[off:off + len(b) - 1, :at] = True
+                        allow[off:off + len(b) - 1, n + off:n + off + len(b) - 1] = \
+                            torch.ones(len(b) - 1, len(b) - 1, dtype=torch.bool).tril()
+                        ids += b[:-1]
+                        pos += range(at, at + len(b) - 1)
+                        off += len(b) - 1
+                    pieces.append((row.cache, ids, pos, allow))
+                    rows.append(row)
+            states = dict(zip(map(id, rows), self._flat(pieces))) if pieces else {}
+            for row in rows:
+                row.cache.crop(len(row.ids) - row.cache.get_seq_length())   # back to the base
+            with torch.inference_mode():
+                parts, targets = [], []
+                for _, row, branches, _ in group:
+                    h, off = states.get(id(row)), 0
+                    for at, b in branches:
+                        parts.append(row.h[at - 1:at])
+                        if len(b) > 1:
+                            parts.append(h[off:off + len(b) - 1])
+                        off += len(b) - 1
+                        targets += b
+                lps, _ = self._logprobs(torch.cat(parts), targets)
+            i = 0
+            for k, _, branches, _ in group:
+                out[k] = []
+                for _, b in branches:
+                    out[k].append(lps[i:i + len(b)])
+                    i += len(b)
+            todo = rest
+        return out  # type: ignore[return-value]
+
     def score_nodes(self, base: Sequence[int], nodes: Sequence[tuple[int, Sequence[int], Sequence[int]]]
                     ) -> list[list[float]]:
         """Per (at, path, ask): the tempered log-probabilities of the ask ids after base[:at] + path.

@@ -182,7 +182,7 @@ _Call = tuple[str, str, tuple]
 _Search = Generator[_Call, Any, "Outcome"]
 
 # The batched form of a scorer method, where the scorer has it: [args] -> [answer].
-_MANY = {"score_nodes": "score_nodes_many", "score": "score_many"}
+_MANY = {"score_nodes": "score_nodes_many", "score": "score_many", "score_branches": "score_branches_many"}
 
 
 def _weight(method: str, args: tuple) -> float:
