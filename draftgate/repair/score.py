@@ -16,9 +16,10 @@ A backend answers two questions (`Scorer`):
   for every window that runs through it. The HF target keeps each path's KV in the cache while the
   base stands, so a node costs one forwarded token however many windows share it.
 - `score_nodes_many(asks)` and `score_many(asks)`: the same for several rows at once (the searches
-  of a base-pass batch run in step, search.py `_drive`): the HF target answers each in one padded
-  forward for every row (a forward's fixed cost, ~45 ms on this CPU, once per round, not per row);
-  the HTTP backends send every row's requests together.
+  of a base-pass batch run in step, search.py `_drive`), and `score_branches_many` where a backend
+  has it: the HF target answers each in one forward for every row (a forward's fixed cost, ~45 ms
+  on this CPU, once per round, not per row), unpadded where it can run the decoder by its parts
+  (HFScorer._flat); the HTTP backends send every row's requests together.
   Branches share the base's prefix, so a backend scores that prefix once: the HF target keeps the
   base's KV cache and scores every branch in one forward with a tree mask; an engine reuses its
   prefix cache (SGLang's radix cache; vLLM skips its prefix cache for requests that ask for
@@ -195,11 +196,14 @@ class HFScorer:
     heads (logits = lm_head(decoder output)); a head with soft-capping would need it applied here.
 
     Several bases are cached at once, by their ids (`_Row`: cache, states, trie), so the searches
-    of a batch's rows run in step: `score_nodes_many` copies the rows' caches into one right-padded
-    batch, forwards every row's new nodes together under a per-row tree mask, and appends each
-    row's new columns to its own cache; `score_many` does the same for the rows' next bases (each
-    from where it leaves its old base). A row is padded only to rows of about its own size
-    (PAD_SLACK): padding is computed like any token.
+    of a batch's rows run in step: `score_nodes_many` forwards every row's new nodes together, each
+    under its own tree mask and appended to its own cache; `score_many` does the same for the rows'
+    next bases (each from where it leaves its old base), `score_branches_many` for their runner-ups.
+    Where the decoder is Llama-shaped (`_flat_decoder`: Llama, Qwen2, Qwen3), that forward runs
+    by the decoder's parts, unpadded (`_flat`): the rows' tokens end to end through the
+    projections and the MLP, the attention row by row on each row's own cache. Any other decoder
+    takes a right-padded batch through its own forward, the rows' caches copied into it, a row
+    padded only to rows of about its own size (PAD_SLACK): padding is computed like any token.
 
     `capture` = (layers, dtype name): `score_rows` also keeps each row's EAGLE-3 features from the
     same forward (draftgate/target.py `capturing`, the hidden stage's definition) until `release`,
@@ -254,7 +258,7 @@ class HFScorer:
     def score_many(self, asks: Sequence[tuple[Sequence[int], int, Sequence[Sequence[int]] | None,
                                               Sequence[int] | None]]) -> list[Scored]:
         """`score` of several (ids, start, ask, replace), other rows' next bases: the part each must
-        compute (from where it leaves the base it replaces) in ONE padded forward, so the weights
+        compute (from where it leaves the base it replaces) in ONE forward (_extend), so the weights
         are read once for every row of a search_rows batch that re-scores in the same step."""
         import torch
 
@@ -300,9 +304,10 @@ class HFScorer:
     def _extend(self, jobs: Sequence[tuple[list[int], _Row | None, int]]) -> list[Any]:
         """For each (ids, cached row, common): a new cached row for ids whose cache is a copy of the
         old one's first `common` columns (none without a row) followed by ids[common:], computed in
-        one right-padded forward: row r's new tokens sit after the widest prefix and see its own
-        prefix and its own earlier new tokens (a 4D mask). The old rows stay as they were (their
-        trie columns after the base are never copied). Returns each row's hidden states over ids."""
+        one forward: unpadded (_flat), or right-padded, row r's new tokens after the widest prefix
+        seeing its own prefix and its own earlier new tokens (a 4D mask). The old rows stay as
+        they were (their trie columns after the base are never copied). Returns each row's hidden
+        states over ids."""
         import torch
         from transformers.cache_utils import DynamicCache
 
@@ -316,7 +321,8 @@ class HFScorer:
                 k = len(ids) - c
                 cache = (_stack([row.cache], [c], c, self.model.config, k + ROW_ROOM) if c
                          else DynamicCache(config=self.model.config))
-                allow = torch.cat([torch.ones((k, c), dtype=torch.bool), torch.ones((k, k), dtype=torch.bool).tril()], 1)
+                allow = torch.cat([torch.ones((k, c), dtype=torch.bool),
+                                   torch.ones((k, k), dtype=torch.bool).tril()], 1)
                 pieces.append((cache, ids[c:], range(c, len(ids)), allow))
             out = []
             for (ids, row, _), c, (cache, _, _, _), h_new in zip(jobs, commons, pieces, self._flat(pieces)):
@@ -542,7 +548,7 @@ class HFScorer:
     def score_nodes_many(self, asks: Sequence[tuple[Sequence[int], Sequence[tuple[int, Sequence[int], Sequence[int]]]]]
                          ) -> list[list[list[float]]]:
         """`score_nodes` for several (base, nodes) of different rows (search_rows' searches in step):
-        their new nodes in one padded forward where they fit in branch_tokens, so a round of every
+        their new nodes in one forward where they fit in branch_tokens (_grow), so a round of every
         row costs about one reading of the weights instead of one per row."""
         import torch
 
@@ -564,7 +570,7 @@ class HFScorer:
         for row, keys in new.values():
             for k in range(0, len(keys), self.branch_tokens):
                 work.append((row, keys[k:k + self.branch_tokens]))
-        # Forwards of at most branch_tokens padded tokens: the largest first, each row's pieces in
+        # Forwards of at most branch_tokens tokens (padded ones too): the largest first, each row's pieces in
         # order (a later piece's ancestors are in an earlier one).
         work.sort(key=lambda w: -len(w[1]))           # stable: a row's pieces stay in order
         while work:
@@ -603,9 +609,9 @@ class HFScorer:
 
     def _grow(self, group: Sequence[tuple[_Row, Sequence[tuple[int, tuple[int, ...]]]]]) -> None:
         """Forward each key's last token (its ancestors are in its row's tree or earlier in its keys)
-        and keep it in that row's cache. One row: on its own cache. Several: their caches copied
-        into a right-padded batch, each row's new tokens after the widest (a 4D tree mask), then
-        appended to each row's own cache."""
+        and keep it in that row's cache. Unpadded (_flat): every row's on its own cache. Padded:
+        one row on its own cache; several, their caches copied into a right-padded batch, each
+        row's new tokens after the widest (a 4D tree mask), then appended to each row's own cache."""
         import torch
 
         if self.flat:
@@ -815,7 +821,8 @@ def _rotate_half(x: Any) -> Any:
 # no sliding window. Any other model takes the padded batch through its own forward.
 _FLAT_TYPES = {"llama", "qwen2", "qwen3"}
 _FLAT_LAYER = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
-_FLAT_ATTENTION = ({"q_proj", "k_proj", "v_proj", "o_proj"}, {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"})
+_FLAT_ATTENTION = ({"q_proj", "k_proj", "v_proj", "o_proj"},
+                   {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"})
 
 
 def _flat_decoder(model: Any) -> Any | None:
