@@ -50,6 +50,14 @@ def flat(request):
     return request.param
 
 
+def batched(lm, sampling, rows, flat):
+    """A scorer whose forwards on cached rows are `flat` or padded, with `rows` base-passed in one batch."""
+    scorer = HFScorer(lm.model, sampling)
+    scorer.flat = flat
+    scorer.score_rows([(r, 1, None) for r in rows])
+    return scorer
+
+
 def test_the_nucleus_makes_tokens_outside_it_impossible_and_renormalises_the_rest():
     import torch
 
@@ -165,9 +173,7 @@ def test_a_trie_that_outgrows_its_rows_room_still_scores_like_full_forwards(lm, 
 
     sampling = Sampling(1.0)
     rows = [ids, ids[:9]]
-    scorer = HFScorer(lm.model, sampling)
-    scorer.flat = flat
-    scorer.score_rows([(r, 1, None) for r in rows])
+    scorer = batched(lm, sampling, rows, flat)
     chains = [(ids, 3, [100 + j for j in range(ROW_ROOM + 10)]), (ids[:9], 5, [200 + j for j in range(12)])]
     for a in range(0, ROW_ROOM + 10, 30):
         scorer.score_nodes_many([(base, [(at, path[:b], [7]) for b in range(a + 1, min(a + 30, len(path)) + 1)])
@@ -187,9 +193,7 @@ def test_a_trie_that_outgrows_its_rows_room_still_scores_like_full_forwards(lm, 
 def test_several_rows_trie_rounds_are_one_forward_and_score_like_each_row_alone(lm, ids, flat):
     sampling = Sampling(0.7, top_p=0.95)
     rows = [ids, ids[:9], ids[2:]]
-    scorer = HFScorer(lm.model, sampling)
-    scorer.flat = flat
-    scorer.score_rows([(r, 1, None) for r in rows])
+    scorer = batched(lm, sampling, rows, flat)
     asks = [(ids, [(4, [ids[4]], [ids[5], 300]), (4, [ids[4], ids[5]], [ids[6]])]),
             (ids[:9], [(6, [300, 301], [5, ids[8]])]),
             (ids[2:], [(3, [ids[5]], [ids[6]])])]
@@ -210,10 +214,8 @@ def test_several_rows_trie_rounds_are_one_forward_and_score_like_each_row_alone(
 
 def test_several_rows_next_bases_are_one_forward_from_where_each_leaves_its_old_base(lm, ids, flat):
     sampling = Sampling(1.0)
-    scorer = HFScorer(lm.model, sampling)
-    scorer.flat = flat
     old = [ids, ids[:10]]
-    scorer.score_rows([(r, 1, None) for r in old])
+    scorer = batched(lm, sampling, old, flat)
     new = [ids[:5] + [300] + ids[6:], ids[:8] + [301, 302]]
     got = scorer.score_many([(n, 2, None, o) for n, o in zip(new, old)])
     assert scorer.counters.forwards == 2
@@ -231,9 +233,7 @@ def test_several_rows_next_bases_are_one_forward_from_where_each_leaves_its_old_
 def test_several_rows_branches_are_one_forward_and_leave_each_rows_cache_at_its_base(lm, ids, flat):
     sampling = Sampling(1.0)
     rows = [ids, ids[:9]]
-    scorer = HFScorer(lm.model, sampling)
-    scorer.flat = flat
-    scorer.score_rows([(r, 1, None) for r in rows])
+    scorer = batched(lm, sampling, rows, flat)
     scorer.score_nodes(ids, [(3, [300, 301], [5])])           # a trie on the row, dropped first
     asks = [(ids, [(4, ids[4:9]), (6, [ids[6], 300, 301]), (9, [ids[9]])]), (ids[:9], [(2, [302, 303])])]
     before = scorer.counters.forwards
