@@ -238,6 +238,7 @@ def test_several_rows_branches_are_one_forward_and_leave_each_rows_cache_at_its_
     asks = [(ids, [(4, ids[4:9]), (6, [ids[6], 300, 301]), (9, [ids[9]])]), (ids[:9], [(2, [302, 303])])]
     before = scorer.counters.forwards
     got = scorer.score_branches_many(asks)
+    assert scorer.score_branches_many([(ids, [])]) == [[]]                 # nothing asked, nothing scored
     # Unpadded: one forward for both rows; padded: one a row.
     assert scorer.counters.forwards - before == (1 if flat else 2)
     for (base, branches), lps in zip(asks, got):

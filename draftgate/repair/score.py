@@ -525,7 +525,7 @@ class HFScorer:
                             parts.append(h[off:off + len(b) - 1])
                         off += len(b) - 1
                         targets += b
-                lps, _ = self._logprobs(torch.cat(parts), targets)
+                lps, _ = self._logprobs(torch.cat(parts), targets) if parts else ([], [])
             i = 0
             for k, _, branches, _ in group:
                 out[k] = []
