@@ -43,6 +43,13 @@ def full(lm, sampling):
     return scorer
 
 
+def assert_branches_like_full(scorer, lm, sampling, base, at, tail):
+    """A branch on the cached base scores as a full forward of base[:at] + tail does."""
+    branch = scorer.score_branches(base, [(at, tail)])[0]
+    plain = full(lm, sampling).score(base[:at] + list(tail), at).logprobs
+    assert all(a == b == -math.inf or abs(a - b) < 1e-4 for a, b in zip(branch, plain))
+
+
 @pytest.fixture(params=[True, False], ids=["unpadded", "padded"])
 def flat(request):
     """The forwards on cached rows: unpadded by the decoder's parts (the embedded model's), or a
@@ -116,9 +123,7 @@ def test_trie_nodes_score_like_full_forwards_and_a_shared_prefix_is_forwarded_on
             plain = full(lm, sampling).score(ids[:at] + list(path) + [a], at + len(path)).logprobs[-1]
             assert (v == plain == -math.inf) or abs(v - plain) < 1e-4
     # Other uses of the cache drop the trie first: a branch and a new base still score exactly.
-    branch = scorer.score_branches(ids, [(4, [ids[4], 300])])[0]
-    plain = full(lm, sampling).score(ids[:4] + [ids[4], 300], 4).logprobs
-    assert max(abs(a - b) for a, b in zip(branch, plain) if a > -math.inf) < 1e-4
+    assert_branches_like_full(scorer, lm, sampling, ids, 4, [ids[4], 300])
 
 
 def test_an_engine_scores_a_trie_node_with_one_request_for_all_its_asked_tokens(lm, ids):
@@ -159,10 +164,8 @@ def test_rows_scored_in_one_padded_batch_score_like_each_alone_and_branch_on_the
         assert max(abs(a - b) for a, b in zip(got.logprobs, alone.logprobs)) < 1e-4
         assert all(abs(a[k] - b[k]) < 1e-4 for a, b in zip(got.asked, alone.asked) for k in a)
     short = ids[:9]
-    branch = scorer.score_branches(short, [(4, [300, 301])])[0]
+    assert_branches_like_full(scorer, lm, sampling, short, 4, [300, 301])
     assert scorer.counters.forwards == 2                                 # no second pass over the row
-    plain = full(lm, sampling).score(short[:4] + [300, 301], 4).logprobs
-    assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
 
 
 def test_a_trie_that_outgrows_its_rows_room_still_scores_like_full_forwards(lm, ids, flat):
@@ -185,9 +188,7 @@ def test_a_trie_that_outgrows_its_rows_room_still_scores_like_full_forwards(lm, 
         for b, (v,) in zip(picks, got):
             plain = full(lm, sampling).score(base[:at] + path[:b] + [7], at + b).logprobs[-1]
             assert abs(v - plain) < 1e-4
-    branch = scorer.score_branches(ids, [(2, [ids[2], 300, 301])])[0]
-    plain = full(lm, sampling).score(ids[:2] + [ids[2], 300, 301], 2).logprobs
-    assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
+    assert_branches_like_full(scorer, lm, sampling, ids, 2, [ids[2], 300, 301])
 
 
 def test_several_rows_trie_rounds_are_one_forward_and_score_like_each_row_alone(lm, ids, flat):
@@ -225,9 +226,7 @@ def test_several_rows_next_bases_are_one_forward_from_where_each_leaves_its_old_
         fresh = full(lm, sampling).score(n, 2).logprobs
         assert max(abs(a - b) for a, b in zip(g.logprobs, fresh)) < 1e-4
     # The old bases stay as they were, for any other search on them.
-    branch = scorer.score_branches(ids, [(4, [300, 301])])[0]
-    plain = full(lm, sampling).score(ids[:4] + [300, 301], 4).logprobs
-    assert max(abs(a - b) for a, b in zip(branch, plain)) < 1e-4
+    assert_branches_like_full(scorer, lm, sampling, ids, 4, [300, 301])
 
 
 def test_several_rows_branches_are_one_forward_and_leave_each_rows_cache_at_its_base(lm, ids, flat):
