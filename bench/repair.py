@@ -258,12 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             fixed_by[r["dataset"]] += exact_after
             counts[f"differing_{r['dataset']}"] += 1
             if not exact_after:
-                # Why: the sampled ids more likely than the choice (at the bill's length) is a
-                # search miss; less likely, the posterior itself prefers another split.
                 ll_truth, ll_got = (sum(max(v, FLOOR) for v in HFScorer(lm.model, scorer.sampling).score(
                     r["prompt"] + ids, len(r["prompt"])).logprobs) for ids in (r["truth"], out.ids))
-                kind = ("ambiguous" if out.reason == "ambiguous" else
-                        "search_miss" if ll_truth > ll_got else "posterior_prefers_other")
+                kind = miss_kind(vocab, r["canon"], r["truth"], out.reason, ll_truth, ll_got)
                 counts[kind] += 1
                 counts[f"{kind}_capped"] += out.capped
                 failures.append({"row": index[k], "reason": out.reason, "kind": kind, "capped": out.capped,
@@ -294,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         "row_tokens_per_row": sum(len(r["prompt"]) + len(r["canon"]) for r in rows) / n,
         # Proven per row: the sampled ids scored against the choice over the whole row (search_miss:
         # the sampled split scores higher); *_capped: of those, rows whose search search_tokens cut.
-        "misses": {k: v for k, v in counts.items() if k.startswith(("search_miss", "posterior_prefers_other", "ambiguous"))},
+        "misses": {k: v for k, v in counts.items()
+                   if k.startswith(("search_miss", "posterior_prefers_other", "ambiguous", "special_in_text"))},
         "capped_rows": counts["capped"],
         "phases": {ph: {"forwards_per_row": round(v[0] / n, 2), "tokens_per_row": round(v[1] / n, 1),
                         "s": round(v[2], 2)} for ph, v in phases.items()},
@@ -479,6 +477,21 @@ def calibration(graded: list[tuple[float, float, bool, bool, bool]]) -> dict:
                           "coverage": round(ok / d, 3) if d else None}
         out[f"{name}_at"] = at
     return out
+
+
+def miss_kind(vocab, canon: list[int], truth: list[int], reason: str | None, ll_truth: float, ll_got: float) -> str:
+    """Why a differing row was not made exact. `special_in_text`: the sampled ids hold a special
+    token where the text has its literal string (the model sampled `<|endoftext|>` mid-row and the
+    decode wrote it out); the text method encodes such a string as text (FACTS.md: a model may
+    write about `<|im_end|>`), and repair edits only the ordinary tokens between specials, so no
+    split of the text is the sampled ids. Otherwise the sampled ids more likely than the choice
+    over the row (at the bill's length) is a `search_miss`; less likely, the posterior itself
+    prefers another split; `ambiguous`: the row kept its ids within ambiguous_margin."""
+    if [i for i in truth if i in vocab.added] != [i for i in canon if i in vocab.added]:
+        return "special_in_text"
+    if reason == "ambiguous":
+        return "ambiguous"
+    return "search_miss" if ll_truth > ll_got else "posterior_prefers_other"
 
 
 def _diff(vocab, canon, truth, got) -> dict:

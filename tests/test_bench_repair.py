@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.repair import parser, prompt_files_digest  # noqa: E402
+from bench.repair import miss_kind, parser, prompt_files_digest  # noqa: E402
 
 
 def test_other_prompt_files_under_the_same_dataset_names_key_other_rows(tmp_path):
@@ -35,3 +35,22 @@ def test_backend_is_in_process_unless_vllm_is_asked_for(capsys):
     with pytest.raises(SystemExit):
         parser().parse_args(["--backend", "sglang"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_miss_is_the_searchs_only_where_the_sampled_ids_are_a_split_of_the_text_and_likelier():
+    from draftgate.repair.search import Vocab
+    from draftgate.serve.model import smollm2_tokenizer
+
+    tok = smollm2_tokenizer()
+    vocab = Vocab.from_tokenizer(tok)
+    canon = tok.encode_ordinary("a <|endoftext|> b")       # the literal string, as text
+    end = tok.token_id("<|endoftext|>")
+    sampled = tok.encode_ordinary("a ") + [end] + tok.encode_ordinary(" b")
+    assert vocab.bytes_of(sampled) == vocab.bytes_of(canon)
+    # The model sampled the special token: no split of the text's ordinary tokens is it.
+    assert miss_kind(vocab, canon, sampled, None, -1.0, -150.0) == "special_in_text"
+    split = tok.encode_ordinary(" trans") + tok.encode_ordinary("pose")
+    canon = tok.encode_ordinary(" transpose")
+    assert miss_kind(vocab, canon, split, None, -3.0, -4.0) == "search_miss"
+    assert miss_kind(vocab, canon, split, None, -4.0, -3.0) == "posterior_prefers_other"
+    assert miss_kind(vocab, canon, split, "ambiguous", -3.0, -4.0) == "ambiguous"

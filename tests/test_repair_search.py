@@ -5,12 +5,14 @@ grade it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from draftgate.config import RepairParams
 from draftgate.repair.score import HFScorer, Sampling, VllmScorer, post_json
-from draftgate.repair.search import (Vocab, Window, _best, _contenders, _log_mass, _max_marginals, _swap_terms, search,
-                                     spans)
+from draftgate.repair.search import (FLOOR, Vocab, Window, _best, _contenders, _copies, _log_mass, _max_marginals,
+                                     _swap_terms, search, spans)
 from test_repair_score import local_model
 
 # The model wrote " trans|pose" where the text re-encodes as " transpose" (twice): canonical shorter.
@@ -45,6 +47,17 @@ CARPET = ("Give me a short packing list for a weekend hiking trip.", [
     "2", "\n", "Water", "proof", ":", " ", "2", "\n", "B", "atteries", ":", " ", "2", "\n", "B", "ath",
     "rooms", ":", " ", "1", "2", "\n", "B", "if", "iber", ":", " ", "1", "2", "\n", "Car", "pet", ":", " ",
     "1", "2"])
+
+# T 1.0 (the untuned set's row 42, cut after its second `def`): the model wrote ` trans|pose` at the
+# second ` transpose`, not the first. Both edits score alike next to their own tokens; only the row
+# after them tells them apart, which is where the model copies what it wrote.
+COPIED = ("Write a Python function that transposes a list of equal-length lists.", [
+    "A", " circular", " approach", " suff", "ills", " in", " Python", " when", " arrays", " are", " packed", ",",
+    " such", " as", ":", "\n", "```", "python", "\n", "def", " transpose", "_", "cir", "cular", "(", "lists", "):",
+    "\n   ", " \"\"\"", "\n   ", " Tri", "angular", " l", "att", "ices", " creation", " method", ".\"\"\"", "\n   ",
+    " return", " [[", "list", "()", "]*", "[[", "list", "()", "]]", "]", "\n", "```", "\n", "\n", "M", "ers", "enne",
+    " Tw", "isters", " simplify", " this", ":", "\n", "```", "python", "\n", "def", " trans", "pose", "_", "cir",
+    "cular", "(", "list", "):"])
 
 SAMPLING = Sampling(0.7)
 
@@ -111,6 +124,34 @@ def test_the_posterior_mass_sums_every_set_of_disjoint_windows_at_the_bills_leng
         for k, got in enumerate(_max_marginals(6, ws, vals, want, 8)):
             held = [t for t, sol in sols if k in sol and t > -math.inf]
             assert got == pytest.approx(max(held)) if held else got == -math.inf
+
+
+def test_a_copied_split_is_a_leaders_edit_moved_or_repeated_and_completed_to_the_bills_length():
+    # The base holds ids 7 at positions 1 and 3; the leader splits the first (+1 token).
+    canon = [1, 7, 2, 7, 3, 4]
+    ws = [Window(1, 2, (5, 6)), Window(3, 4, (5, 6)), Window(4, 6, (8,)), Window(0, 1, (9, 9))]
+    vals = [-1.0, -6.0, -2.0, -0.5]
+    # At +1: the split moved to the second 7; made at both 7s it needs a -1 beside it (the merge
+    # at 4-6): the programme completes the length with the best other windows it can.
+    assert _copies(canon, ws, vals, [0], 1, 8) == [(1,), (0, 1, 2)]
+    # A copy no split at the bill's length can hold is not offered; an impossible one neither.
+    assert _copies(canon, ws, [-1.0, -6.0, -math.inf, -0.5], [0], 1, 8) == [(1,)]
+    assert _copies(canon, ws, [-1.0, -math.inf, -2.0, -0.5], [0], 1, 8) == []
+    # Ids that occur once have nothing to copy to.
+    assert _copies(canon, ws, vals, [3], 1, 8) == []
+
+
+def test_a_split_the_model_copied_is_found_where_copy_splits_asks_for_it(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, COPIED)
+    assert len(canon) == len(truth) - 1
+    scorer = HFScorer(lm.model, Sampling(1.0))
+    plain = search(prompt, canon, len(truth), scorer, vocab, RepairParams())
+    copies = search(prompt, canon, len(truth), scorer, vocab, RepairParams(copy_splits=True))
+    assert copies.ids == truth and plain.ids != truth
+    # Without the copies the search missed: the sampled split is likelier over the row than its choice.
+    row_ll = lambda ids: sum(max(v, FLOOR) for v in scorer.score(prompt + ids, len(prompt)).logprobs)  # noqa: E731
+    assert row_ll(truth) > row_ll(plain.ids) + 0.1      # by 0.32 nats here, 1.41 over the whole row
+    assert 0.0 < copies.confidence <= copies.confidence_hi <= 1.0
 
 
 def test_a_split_scored_over_the_whole_row_counts_in_the_mass_at_that_score_not_its_windows_sum():

@@ -744,6 +744,23 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             behind.append((total + local[k], edits))
         elif k:
             others.append(edits)
+    # The model copies a split it made (untuned row 56 splits `read|er` three times): each edit's
+    # local score is nats below the canonical one, and only the edits together, over the whole
+    # row, show it. With `copy_splits`, the leader with one of its edits moved to another place
+    # where the base has the same ids, or made at every such place, completed to the bill's
+    # length by the best other windows, is re-scored beside the contenders whatever its local
+    # score (the copy's gain lies downstream). extra: split -> (its local sum at values or
+    # bounds, the same over scored windows only), for the mass.
+    extra: dict[tuple[Window, ...], tuple[float, float]] = {}
+    if params.copy_splits and sols and sols[0]:
+        loc = [value.get(k, part[k] - ref[k]) for k in range(len(windows))]
+        seen = set(sols)
+        for sol in _copies(canon, windows, loc, picked[0], want, params.max_length_delta):
+            edits = tuple(windows[i] for i in sol)
+            if edits and edits not in seen:
+                seen.add(edits)
+                others.append(edits)
+                extra[edits] = (sum(loc[i] for i in sol), sum(value.get(i, -math.inf) for i in sol))
     if others:
         firsts = [edits[0].start for edits in others]
         tails = yield ("rescore", "score_branches", (base, [(p0 + f, _apply(canon, e)[f:]) for f, e in zip(firsts, others)]))
@@ -769,7 +786,9 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     # exact split that beat it reads as unlikely.)
     local_of = {tuple(windows[i] for i in sol): loc for sol, loc in zip(picked, local)}
     swaps = [(v - total, local_of[edits]) for v, edits in ranked if edits and edits in local_of]
-    mass, mass_scored = _swap_terms(mass, swaps), _swap_terms(mass_scored, swaps)
+    swaps_scored = swaps + [(v - total, extra[edits][1]) for v, edits in ranked if edits in extra]
+    swaps += [(v - total, extra[edits][0]) for v, edits in ranked if edits in extra]
+    mass, mass_scored = _swap_terms(mass, swaps), _swap_terms(mass_scored, swaps_scored)
     ranked = ranked[:1] + sorted(ranked[1:] + behind, key=lambda x: -x[0])
     out = _Pass(total, mass, mass_scored, ranked, candidates, truncated)
     out.reach = reach if len(active) < len(windows) else None
@@ -785,6 +804,40 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         first = win[0].start
         out.carry = {(w.start, w.end, w.ids): value[k] for k, w in enumerate(windows)
                      if k in value and w.end + la <= first}
+    return out
+
+
+# A forced window's value in `_copies`' programme: above any split's sum, so every set the
+# programme keeps holds the forced windows where they fit.
+FORCED = 1.0e6
+
+
+def _copies(canon: Sequence[int], windows: Sequence[Window], value: Sequence[float], leader: Sequence[int],
+            want: int | None, max_delta: int) -> list[tuple[int, ...]]:
+    """Splits that repeat one of the leader's edits elsewhere (window indices): the edit moved to
+    another place where the base has the same ids, or made at every such place; the rest of the
+    split is the best the programme finds at the bill's length with those windows forced in (a
+    forced set that no split at the length holds gives nothing)."""
+    where = {(w.start, w.end, w.ids): k for k, w in enumerate(windows)}
+    out = []
+    for k in leader:
+        w = windows[k]
+        span = list(canon[w.start:w.end])
+        n = len(span)
+        at = [q for q in range(len(canon) - n + 1) if q != w.start and list(canon[q:q + n]) == span]
+        same = [j for q in at if (j := where.get((q, q + n, w.ids))) is not None and value[j] > -math.inf]
+        if not same:
+            continue
+        tries = [([j], k) for j in same] + [(same + [k], None)]
+        for forced, drop in tries:
+            v = list(value)
+            for j in forced:
+                v[j] = FORCED
+            if drop is not None:
+                v[drop] = -math.inf
+            top = _best(len(canon), windows, v, want, max_delta, 1)
+            if top and all(j in top[0][1] for j in forced):
+                out.append(top[0][1])
     return out
 
 
