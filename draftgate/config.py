@@ -304,8 +304,8 @@ class RepairParams:
     beam: Annotated[int, Range(ge=2, le=64)] = 4
     rescore_margin: Annotated[float, Range(ge=0.0, le=20.0)] = 1.0      # both below search.PRUNE_NATS
     # Also re-score the leader with an edit moved to, or repeated at, other places with the same ids
-    # (the model copying a split; docs/repair.md "Copied splits"): off, as its cost (+6% tokens a
-    # row at T 1.0) is more than the cost target leaves; untuned set: search misses 6 -> 4.
+    # (the model copying a split; docs/repair.md "Copied splits"): off, as it costs past the cost
+    # target (1.05x at T 1.0 on code); off the tuning set it made 45 of 58 rows exact against 43.
     copy_splits: bool = False
     # repair_confidence: windows that could sit in a split within this many nats of the best are
     # scored after the decision (0: none; the confidence then counts every unscored window at its
