@@ -749,18 +749,21 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     # row, show it. With `copy_splits`, the leader with one of its edits moved to another place
     # where the base has the same ids, or made at every such place, completed to the bill's
     # length by the best other windows, is re-scored beside the contenders whatever its local
-    # score (the copy's gain lies downstream). extra: split -> (its local sum at values or
-    # bounds, the same over scored windows only), for the mass.
+    # score (the copy's gain lies downstream); one the beam ranked behind on its local sum is
+    # re-scored instead. extra: a split outside the beam -> (its local sum at values or bounds,
+    # the same over scored windows only), for the mass.
     extra: dict[tuple[Window, ...], tuple[float, float]] = {}
     if params.copy_splits and sols and sols[0]:
         loc = [value.get(k, part[k] - ref[k]) for k in range(len(windows))]
-        seen = set(sols)
+        rescoring = {sols[0], *others}
         for sol in _copies(canon, windows, loc, picked[0], want, params.max_length_delta):
             edits = tuple(windows[i] for i in sol)
-            if edits and edits not in seen:
-                seen.add(edits)
+            if edits and edits not in rescoring:
+                rescoring.add(edits)
                 others.append(edits)
-                extra[edits] = (sum(loc[i] for i in sol), sum(value.get(i, -math.inf) for i in sol))
+                behind = [b for b in behind if b[1] != edits]
+                if edits not in sols:
+                    extra[edits] = (sum(loc[i] for i in sol), sum(value.get(i, -math.inf) for i in sol))
     if others:
         firsts = [edits[0].start for edits in others]
         tails = yield ("rescore", "score_branches", (base, [(p0 + f, _apply(canon, e)[f:]) for f, e in zip(firsts, others)]))
