@@ -307,6 +307,11 @@ class RepairParams:
     # (the model copying a split; docs/repair.md "Copied splits"): off, as it costs past the cost
     # target (1.05x at T 1.0 on code); off the tuning set it made 45 of 58 rows exact against 43.
     copy_splits: bool = False
+    # Where the base leads, its rivals within this many nats of it (by their windows' local deltas)
+    # are scored and re-scored over the row, so a split whose gain lies downstream can win (docs/
+    # repair.md "Rivals of a leading base"). 0: a leading base stands unscored, the cheap path of
+    # exact rows; 1.5 costs ~15% more beyond the prefill at T 1.0 on code.
+    rival_margin: Annotated[float, Range(ge=0.0, le=20.0)] = 0.0
     # repair_confidence: windows that could sit in a split within this many nats of the best are
     # scored after the decision (0: none; the confidence then counts every unscored window at its
     # bound and errs far low: demo mean 0.90 against 1.00 exact; at 4, 0.98, for 4% more tokens).

@@ -59,6 +59,16 @@ COPIED = ("Write a Python function that transposes a list of equal-length lists.
     " Tw", "isters", " simplify", " this", ":", "\n", "```", "python", "\n", "def", " trans", "pose", "_", "cir",
     "cular", "(", "list", "):"])
 
+# T 1.0 (the tuning set's row 34, cut after 40 pieces; a system turn): the model wrote ` RL|I` where
+# the text re-encodes as ` R|LI`, the same length. Next to its own tokens the split is 1.33 nats
+# behind the canonical one, so a leading base stands; over the row it is 3.8 nats ahead (5.2 uncut),
+# as the model reads the acronym on.
+RIVAL = ("This loop never ends. Why?\n\ni = 0\nwhile i < 10:\n    print(i)", [
+    "You", "'re", " referring", " to", " a", " Python", " feature", " called", " \"", "USE", " -", " VS", " -",
+    " RL", "I", "KE", "\"", " (", "which", " stands", " for", " \"", "Use", "-", "Wrap", "-", "Interface", "-",
+    "lite", " simplifies", " -", " Virtual", "L", "ite", "-", "lite", ").", " This", " feature", " allows"],
+    "You review code. Point out the bug first, then show the fix.")
+
 SAMPLING = Sampling(0.7)
 
 
@@ -75,12 +85,13 @@ def vocab(lm):
 
 
 def row(lm, vocab, case, end: bool = False):
-    """(prompt ids, canonical ids, the model's ids) for a pinned case."""
+    """(prompt ids, canonical ids, the model's ids) for a pinned case (user, pieces[, system])."""
     from draftgate.serve.model import END_TOKEN, smollm2_tokenizer
 
     tok = smollm2_tokenizer()
-    user, pieces = case
-    prompt = list(lm.tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
+    user, pieces, *system = case
+    turns = [{"role": "system", "content": s} for s in system] + [{"role": "user", "content": user}]
+    prompt = list(lm.tokenizer.apply_chat_template(turns, add_generation_prompt=True,
                                                    tokenize=True, return_dict=True)["input_ids"])
     truth = [vocab.by_bytes[p.encode()] for p in pieces]
     tail = [tok.token_id(END_TOKEN)] if end else []
@@ -154,6 +165,22 @@ def test_a_split_the_model_copied_is_found_where_copy_splits_asks_for_it(lm, voc
     assert 0.0 < copies.confidence <= copies.confidence_hi <= 1.0
 
 
+def test_a_rival_of_a_leading_canonical_split_wins_over_the_row_where_rival_margin_asks_for_it(lm, vocab):
+    prompt, canon, truth = row(lm, vocab, RIVAL)
+    assert len(canon) == len(truth) and canon != truth      # the bill cannot tell them apart
+    scorer = HFScorer(lm.model, Sampling(1.0))
+    plain = search(prompt, canon, len(truth), scorer, vocab, RepairParams())
+    rivals = search(prompt, canon, len(truth), scorer, vocab, RepairParams(rival_margin=1.5))
+    assert (plain.status, plain.reason, plain.ids) == ("kept", "canonical", canon)
+    assert (rivals.status, rivals.ids) == ("repaired", truth)
+    # The canonical split it kept was a miss: the sampled one is likelier over the row.
+    row_ll = lambda ids: sum(max(v, FLOOR) for v in scorer.score(prompt + ids, len(prompt)).logprobs)  # noqa: E731
+    assert row_ll(truth) > row_ll(canon) + 1.0
+    assert 0.5 < rivals.confidence <= rivals.confidence_hi <= 1.0
+    # Its rival is re-scored over the row only where asked: a leading base stands unscored.
+    assert "rescore" not in plain.phases and rivals.phases["rescore"][1] > 0
+
+
 def test_a_split_scored_over_the_whole_row_counts_in_the_mass_at_that_score_not_its_windows_sum():
     import math
 
@@ -175,6 +202,8 @@ def test_near_ties_are_settled_by_exact_scores_and_a_leading_base_stands_alone()
     assert _contenders(best, 1.0) == [(1,), (2,), (), (3, 4)]       # within 1 nat of the best
     assert _contenders(best, 0.0) == [(1,), (2,)]                   # always the best two
     assert _contenders([(0.0, ()), (-0.1, (1,)), (-0.2, (2,))], 1.0) == [(), (1,)]  # the base leads: it stands
+    leads = [(0.0, ()), (-0.1, (1,)), (-0.2, (2,)), (-2.0, (3,))]
+    assert _contenders(leads, 1.0, rivals=1.5) == [(), (1,), (2,)]    # ... with its rivals where asked
 
 
 def test_a_row_whose_canonical_encoding_is_shorter_than_what_the_model_sampled_is_made_exact(lm, vocab):

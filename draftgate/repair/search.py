@@ -27,7 +27,8 @@ token other than C's at a boundary. So:
    (billed count under the provider's convention minus len(C)) with the largest total delta,
    keeping the `beam` best; branch and bound scores only the nodes of windows that, by their
    bounds, could win or be re-ranked against the winner: the leader and the splits within
-   max(rescore_margin, ambiguous_margin) of it (`_pass`); a leading base stands unscored. A
+   max(rescore_margin, ambiguous_margin) of it (`_pass`); a leading base stands unscored (but
+   for its rivals within rival_margin, scored and re-scored over the row where asked). A
    round's spare nodes go to the windows of highest max-marginal (the best split at the length
    that holds them), so search_tokens is spent best first; windows whose max-marginal falls far
    below a split known exactly leave the rounds (PRUNE_SLACK). Without a usable bill the length
@@ -659,19 +660,23 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
 
     # Only splits that could win, or be re-ranked exactly against the winner, need exact deltas:
     # the leader and those within `decide` of it. A leading base stands (every other split is below
-    # it at its bound). A runner-up further back is ranked by its bound and never scored: the
+    # it at its bound), with its rivals within rival_margin where asked. A runner-up further back is ranked by its bound and never scored: the
     # margin it gives errs low, and no decision reads it (ambiguous_margin is inside `decide`).
     decide = max(params.rescore_margin, params.ambiguous_margin)
 
     def needed(top: list[tuple[float, tuple[int, ...]]]) -> list[int]:
-        if not top or not top[0][1]:
+        if not top:
             return []
+        if not top[0][1]:
+            # A leading base stands, but for its rivals within rival_margin where asked (0: none).
+            rivals = params.rival_margin
+            return [k for v, sol in top[1:] if rivals and v >= top[0][0] - rivals for k in sol if k not in value]
         return [k for v, sol in top if v >= top[0][0] - decide for k in sol if k not in value]
 
     while True:
         vals = current()
         top = _best(len(canon), windows, vals, want, params.max_length_delta, params.beam)
-        best = _contenders(top, params.rescore_margin)
+        best = _contenders(top, params.rescore_margin, params.rival_margin)
         need = needed(top)
         if not need:
             break
@@ -682,7 +687,7 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
             # counts them at their bound (below), so it keeps erring low.
             truncated = True
             best = _contenders(_best(len(canon), windows, current(), want, params.max_length_delta, params.beam),
-                               params.rescore_margin)
+                               params.rescore_margin, params.rival_margin)
             break
         # Each round takes the contenders' windows one node further, not whole: a window often
         # falls out at its second node, and with a batch's rows in step (_drive) a round's fixed
@@ -738,6 +743,10 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     for k, edits in enumerate(sols):
         if not edits:
             ranked.append((total, edits))
+        elif not sols[0] and local[k] >= -params.rival_margin and all(i in value for i in picked[k]):
+            # A rival of a leading base (rival_margin): its gain may lie downstream (T 1.0 code row
+            # 34's ` RL|I` is 1.33 nats behind locally and 5.19 ahead over the row).
+            others.append(edits)
         elif not sols[0] or local[k] < local[0] - decide:
             # The base won, or this split is too far behind the leader to win: it is not re-scored;
             # its margin is the local one (a bound where a delta was not scored).
@@ -777,7 +786,7 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
         tail = yield ("rescore", "score", (prompt + ids, p0 + f, alternatives(ids, vocab, f), replace))
         return ids, Scored(scored.logprobs[:f] + tail.logprobs, scored.asked[:f] + tail.asked)
 
-    nxt = None
+    nxt, ids = None, canon
     if sols and sols[0]:
         ids, nxt = yield from rescored(sols[0], base)
         ranked.append((sum(max(v, FLOOR) for v in nxt.logprobs), sols[0]))
@@ -917,13 +926,15 @@ def _by_start(windows: Sequence[Window], value: Sequence[float]) -> dict[int, li
     return out
 
 
-def _contenders(best: list[tuple[float, tuple[int, ...]]], margin: float) -> list[tuple[int, ...]]:
+def _contenders(best: list[tuple[float, tuple[int, ...]]], margin: float, rivals: float = 0.0
+                ) -> list[tuple[int, ...]]:
     """The solutions the pass ranks exactly: the best two and every other within `margin` nats of
     the best, so near-ties are settled by exact re-scoring (the local order of three splits 0.1
     nat apart is noise: demo row `])|)))` vs `])))|)`). Where the base leads, it stands (every
-    other is below it even at its bound): the base and the runner-up, for the margin."""
+    other is below it even at its bound): the base and the runner-up, for the margin, and the
+    splits within `rivals` nats of it (rival_margin; 0: none)."""
     if best and not best[0][1]:
-        return [sol for _, sol in best[:2]]
+        return [sol for k, (v, sol) in enumerate(best) if k < 2 or (rivals and v >= best[0][0] - rivals)]
     return [sol for k, (v, sol) in enumerate(best) if k < 2 or v >= best[0][0] - margin]
 
 
