@@ -660,8 +660,9 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
 
     # Only splits that could win, or be re-ranked exactly against the winner, need exact deltas:
     # the leader and those within `decide` of it. A leading base stands (every other split is below
-    # it at its bound), with its rivals within rival_margin where asked. A runner-up further back is ranked by its bound and never scored: the
-    # margin it gives errs low, and no decision reads it (ambiguous_margin is inside `decide`).
+    # it at its bound), with its rivals within rival_margin where asked. A runner-up further back
+    # is ranked by its bound and never scored: the margin it gives errs low, and no decision reads
+    # it (ambiguous_margin is inside `decide`).
     decide = max(params.rescore_margin, params.ambiguous_margin)
 
     def needed(top: list[tuple[float, tuple[int, ...]]]) -> list[int]:
@@ -743,7 +744,8 @@ def _pass(prompt: list[int], canon: list[int], scored: Scored, target_len: int |
     for k, edits in enumerate(sols):
         if not edits:
             ranked.append((total, edits))
-        elif not sols[0] and local[k] >= -params.rival_margin and all(i in value for i in picked[k]):
+        elif (not sols[0] and params.rival_margin and local[k] >= -params.rival_margin
+              and all(i in value for i in picked[k])):
             # A rival of a leading base (rival_margin): its gain may lie downstream (T 1.0 code row
             # 34's ` RL|I` is 1.33 nats behind locally and 5.19 ahead over the row).
             others.append(edits)
